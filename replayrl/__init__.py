@@ -1,0 +1,7 @@
+"""replayrl: GRPO with a replay buffer, done right. TRL-compatible trainers for RL post-training of LMs."""
+
+from replayrl.config import GRPOConfig
+from replayrl.trainer import GRPOTrainer
+
+__all__ = ["GRPOConfig", "GRPOTrainer"]
+__version__ = "0.1.0"

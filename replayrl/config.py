@@ -1,0 +1,190 @@
+"""`GRPOConfig`: TRL's GRPO parameters on top of `transformers.TrainingArguments`, validated once.
+
+Names and defaults follow TRL's GRPO documentation (`../shared/seeds/grpo_trainer.md`); the options that
+TRL added later (`loss_type`, `scale_rewards` as a string, `mask_truncated_completions`,
+`generation_batch_size` / `steps_per_generation`) follow current TRL. Deviations are listed in
+`docs/deviations.md`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from transformers import TrainingArguments
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+SCALE_REWARDS = ("group", "batch", "none")
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass
+class GRPOConfig(TrainingArguments):
+    r"""Configuration for [`GRPOTrainer`]. Only the GRPO-specific parameters are listed; the rest are
+    `transformers.TrainingArguments`. Every field is also a `replayrl grpo --<field>` flag.
+    """
+
+    # Model
+    model_init_kwargs: dict[str, Any] | str | None = field(
+        default=None, metadata=_help("Keyword arguments for `from_pretrained` when `model` is a name or path.")
+    )
+    # Data
+    remove_unused_columns: bool | None = field(
+        default=False,
+        metadata=_help("Keep only the `prompt` column. Leave False if reward functions read other columns."),
+    )
+    max_prompt_length: int | None = field(
+        default=512, metadata=_help("Maximum prompt length in tokens; longer prompts are truncated on the left.")
+    )
+    num_generations: int | None = field(
+        default=8,
+        metadata=_help(
+            "Completions per prompt (G). Each process's generation batch (per_device_train_batch_size * "
+            "steps_per_generation) must be divisible by it, so that groups never straddle processes."
+        ),
+    )
+    max_completion_length: int | None = field(default=256, metadata=_help("Maximum completion length in tokens."))
+    ds3_gather_for_generation: bool = field(
+        default=True, metadata=_help("DeepSpeed ZeRO-3: gather the policy weights for generation.")
+    )
+    shuffle_dataset: bool = field(default=True, metadata=_help("Shuffle the training prompts."))
+    # Generation
+    generation_batch_size: int | None = field(
+        default=None,
+        metadata=_help("Global number of completions generated at once. Mutually exclusive with steps_per_generation."),
+    )
+    steps_per_generation: int | None = field(
+        default=None,
+        metadata=_help(
+            "Micro-batches (per process) served by one generation. Defaults to gradient_accumulation_steps."
+        ),
+    )
+    temperature: float = field(default=0.9, metadata=_help("Sampling temperature."))
+    top_p: float = field(default=1.0, metadata=_help("Nucleus sampling probability mass, in (0, 1]."))
+    top_k: int | None = field(default=50, metadata=_help("Top-k filtering; None disables it."))
+    min_p: float | None = field(default=None, metadata=_help("Minimum token probability relative to the top token."))
+    repetition_penalty: float = field(default=1.0, metadata=_help("Repetition penalty (>1 discourages repeats)."))
+    cache_implementation: str | None = field(default=None, metadata=_help("KV-cache implementation for generate."))
+    use_vllm: bool = field(default=False, metadata=_help("Generate with vLLM (not available in this release)."))
+    vllm_server_host: str = field(default="0.0.0.0", metadata=_help("vLLM server host (reserved)."))
+    vllm_server_port: int = field(default=8000, metadata=_help("vLLM server port (reserved)."))
+    vllm_server_timeout: float = field(default=120.0, metadata=_help("vLLM server timeout (reserved)."))
+    vllm_guided_decoding_regex: str | None = field(default=None, metadata=_help("vLLM guided decoding (reserved)."))
+    # Training
+    learning_rate: float = field(default=1e-6, metadata=_help("AdamW learning rate (GRPO default 1e-6)."))
+    logging_steps: float = field(default=10, metadata=_help("Log every N optimizer steps."))
+    beta: float = field(
+        default=0.04, metadata=_help("KL coefficient. 0 disables the KL term and loads no reference model.")
+    )
+    num_iterations: int = field(default=1, metadata=_help("Optimisation passes per generation (mu in the paper)."))
+    epsilon: float = field(default=0.2, metadata=_help("Lower clipping bound: ratio >= 1 - epsilon."))
+    epsilon_high: float | None = field(
+        default=None, metadata=_help("Upper clipping bound (1 + epsilon_high); defaults to epsilon. DAPO uses 0.28.")
+    )
+    reward_weights: list[float] | None = field(
+        default=None, metadata=_help("One weight per reward function; default all 1.0.")
+    )
+    scale_rewards: str = field(
+        default="group",
+        metadata=_help(
+            "Advantage scaling: 'group' (True) divides by the group std, 'batch' by the batch std, "
+            "'none' (False) does not scale (Dr. GRPO)."
+        ),
+    )
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = field(
+        default="dapo",
+        metadata=_help(
+            "Token aggregation: 'grpo' (sequence mean, then batch mean), 'bnpo' (token mean over the process's "
+            "batch), 'dr_grpo' (sum / (batch * max_completion_length)), 'dapo' (token mean over the global batch)."
+        ),
+    )
+    mask_truncated_completions: bool = field(
+        default=False, metadata=_help("Exclude completions that hit max_completion_length from the loss.")
+    )
+    sync_ref_model: bool = field(default=False, metadata=_help("TR-DPO: periodically mix the policy into the ref."))
+    ref_model_mixup_alpha: float = field(default=0.6, metadata=_help("TR-DPO alpha: ref = a*policy + (1-a)*ref."))
+    ref_model_sync_steps: int = field(default=512, metadata=_help("TR-DPO tau: sync every N optimizer steps."))
+    # Logging
+    log_completions: bool = field(default=False, metadata=_help("Print a table of completions at each log step."))
+    num_completions_to_print: int | None = field(default=8, metadata=_help("Rows of that table (None: all)."))
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.scale_rewards = _normalise_scale_rewards(self.scale_rewards)
+        if self.epsilon_high is None:
+            self.epsilon_high = self.epsilon
+        if isinstance(self.model_init_kwargs, str):
+            import json
+
+            self.model_init_kwargs = json.loads(self.model_init_kwargs)
+        self._derive_generation_batch()
+        self._validate()
+
+    def _derive_generation_batch(self) -> None:
+        """Fill in whichever of generation_batch_size / steps_per_generation is missing, as TRL does."""
+        per_step = self.per_device_train_batch_size * self.world_size
+        if self.generation_batch_size is not None and self.steps_per_generation is not None:
+            raise ValueError(
+                "Set generation_batch_size or steps_per_generation, not both "
+                f"(got {self.generation_batch_size} and {self.steps_per_generation})."
+            )
+        if self.generation_batch_size is None:
+            self.steps_per_generation = self.steps_per_generation or self.gradient_accumulation_steps
+            self.generation_batch_size = per_step * self.steps_per_generation
+        else:
+            if self.generation_batch_size % per_step != 0:
+                raise ValueError(
+                    f"generation_batch_size ({self.generation_batch_size}) must be divisible by "
+                    f"per_device_train_batch_size * num_processes ({per_step}); use a multiple of {per_step}."
+                )
+            self.steps_per_generation = self.generation_batch_size // per_step
+
+    def _validate(self) -> None:
+        g = self.num_generations
+        if g is None or g < 2:
+            raise ValueError(
+                f"num_generations must be >= 2 (got {g}): GRPO compares completions within a group, "
+                "and a group of one has no advantage. Use num_generations=2 or more."
+            )
+        local = self.per_device_train_batch_size * self.steps_per_generation
+        if local % g != 0:
+            raise ValueError(
+                f"Each process generates per_device_train_batch_size * steps_per_generation = {local} completions, "
+                f"which is not divisible by num_generations={g}. Groups must not straddle processes: pick "
+                f"per_device_train_batch_size (or steps_per_generation) so the product is a multiple of {g}, "
+                f"e.g. per_device_train_batch_size={g}."
+            )
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type must be one of {LOSS_TYPES} (got {self.loss_type!r}).")
+        checks = [
+            (self.num_iterations >= 1, f"num_iterations must be >= 1 (got {self.num_iterations})."),
+            (self.beta >= 0, f"beta must be >= 0 (got {self.beta}); use 0 to disable the KL term."),
+            (self.epsilon > 0 and self.epsilon_high > 0, f"epsilon/epsilon_high must be > 0 (got {self.epsilon})."),
+            (self.temperature > 0, f"temperature must be > 0 (got {self.temperature})."),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1] (got {self.top_p})."),
+            (self.max_completion_length and self.max_completion_length > 0, "max_completion_length must be >= 1."),
+            (0 <= self.ref_model_mixup_alpha <= 1, "ref_model_mixup_alpha must be in [0, 1]."),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        if self.use_vllm:
+            raise ValueError(
+                "use_vllm=True is not supported yet: replayrl generates with transformers' `generate`. "
+                "Set use_vllm=False."
+            )
+
+
+def _normalise_scale_rewards(value: str | bool) -> str:
+    """True/False (TRL's old boolean) map to 'group'/'none'; strings are checked."""
+    if isinstance(value, bool):
+        return "group" if value else "none"
+    lowered = str(value).lower()
+    aliases = {"true": "group", "false": "none"}
+    lowered = aliases.get(lowered, lowered)
+    if lowered not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS} or a bool (got {value!r}).")
+    return lowered

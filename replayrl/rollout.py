@@ -1,0 +1,78 @@
+"""Generation: prompts -> left-padded prompt ids -> G sampled completions each (transformers `generate`).
+
+One small interface so that a faster backend (vLLM) can slot in later: `generate_completions` takes
+token ids and returns completion ids, their mask and which rows were truncated.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from transformers import GenerationConfig
+
+
+def is_conversational(prompt) -> bool:
+    """TRL's test: a prompt given as a list of {"role", "content"} messages."""
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict) and "role" in prompt[0]
+
+
+def prompts_to_text(tokenizer, prompts: list) -> list[str]:
+    """Plain prompts pass through; conversational prompts go through the chat template."""
+    return [
+        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if is_conversational(p) else p
+        for p in prompts
+    ]
+
+
+def tokenize_prompts(tokenizer, texts: list[str], max_prompt_length: int | None) -> tuple[Tensor, Tensor]:
+    """Left-padded ids and mask (N, P); long prompts keep their last `max_prompt_length` tokens."""
+    enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    if max_prompt_length is not None and ids.shape[1] > max_prompt_length:
+        ids, mask = ids[:, -max_prompt_length:], mask[:, -max_prompt_length:]
+    return ids, mask
+
+
+def build_generation_config(args, tokenizer) -> GenerationConfig:
+    eos = tokenizer.eos_token_id
+    return GenerationConfig(
+        max_new_tokens=args.max_completion_length,
+        do_sample=True,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        cache_implementation=args.cache_implementation,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos,
+        eos_token_id=eos,
+    )
+
+
+def completion_mask_from_eos(completion_ids: Tensor, eos_token_id: int | list[int]) -> tuple[Tensor, Tensor]:
+    """Mask (N, C) of real tokens: everything up to and including the first EOS; and `truncated` (N,) for
+    rows with no EOS."""
+    eos_ids = torch.as_tensor(eos_token_id, device=completion_ids.device).reshape(-1)
+    is_eos = torch.isin(completion_ids, eos_ids)
+    has_eos = is_eos.any(dim=1)
+    width = completion_ids.shape[1]
+    first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full_like(has_eos, width, dtype=torch.long))
+    positions = torch.arange(width, device=completion_ids.device).expand_as(completion_ids)
+    return (positions <= first_eos.unsqueeze(1)).long(), ~has_eos
+
+
+@torch.no_grad()
+def generate_completions(
+    model, prompt_ids: Tensor, prompt_mask: Tensor, generation_config: GenerationConfig
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Sample one completion per row. Returns completion ids (N, C), mask (N, C) and truncated (N,)."""
+    was_training = model.training
+    model.eval()  # no dropout; also lets generate keep its KV cache under gradient checkpointing
+    try:
+        out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config)
+    finally:
+        model.train(was_training)
+    completion_ids = out[:, prompt_ids.shape[1] :]
+    mask, truncated = completion_mask_from_eos(completion_ids, generation_config.eos_token_id)
+    completion_ids = completion_ids.masked_fill(mask == 0, generation_config.pad_token_id)
+    return completion_ids, mask, truncated
