@@ -321,25 +321,22 @@ class GRPOTrainer(Trainer):
         old = current if batch.old_logps is None else torch.where(batch.old_logps.isnan(), current, batch.old_logps)
         if mode == "train":
             batch.old_logps = old  # keep them: the replay buffer stores behaviour log-probs
-        per_token, low, high, ratio = algos.clipped_surrogate(
-            logps,
-            old,
-            batch.advantages,
-            self.args.epsilon,
-            self.args.epsilon_high,
-            self._importance_weights(batch, current),
+        old, is_weights = self._behaviour_correction(batch, current, old)
+        per_token, low, high, _ = algos.clipped_surrogate(
+            logps, old, batch.advantages, self.args.epsilon, self.args.epsilon_high, is_weights
         )
         kl = None
         if self.args.beta != 0.0:
             kl = algos.kl_k3(logps, batch.ref_logps)
             per_token = per_token + self.args.beta * kl
         loss = (per_token * batch.loss_weights).sum()
-        self._log_loss_metrics(mode, batch, entropy, kl, low, high, ratio)
+        self._log_loss_metrics(mode, batch, logps, entropy, kl, low, high)
         return loss
 
-    def _importance_weights(self, batch: Rollout, current_logps: Tensor) -> Tensor | None:
-        """Hook: extra per-token weights on the surrogate (the replay trainer truncates IS ratios here)."""
-        return None
+    def _behaviour_correction(self, batch: Rollout, current: Tensor, old: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Hook: the log-probs the ratio is taken against, and optional per-token importance weights.
+        Plain GRPO: the behaviour log-probs, no weights."""
+        return old, None
 
     # ----------------------------------------------------------------------------------------- eval
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
@@ -359,7 +356,7 @@ class GRPOTrainer(Trainer):
             if count > 0:
                 self._metrics[mode][key].append(total / count)
 
-    def _log_loss_metrics(self, mode, batch: Rollout, entropy, kl, low, high, ratio) -> None:
+    def _log_loss_metrics(self, mode, batch: Rollout, logps, entropy, kl, low, high) -> None:
         mask = batch.loss_weights > 0
         n = mask.sum()
         region = low | high
@@ -371,10 +368,10 @@ class GRPOTrainer(Trainer):
         sums["clip_ratio/region_mean"] = masked(region)
         if kl is not None:
             sums["kl"] = masked(kl)
-        sums.update(self._extra_loss_metrics(batch, ratio, mask))
+        sums.update(self._extra_loss_metrics(batch, logps, mask))
         self._reduce_means(mode, sums)
 
-    def _extra_loss_metrics(self, batch: Rollout, ratio: Tensor, mask: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
+    def _extra_loss_metrics(self, batch: Rollout, logps: Tensor, mask: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
         """Hook: more (sum, count) metrics from the loss pass."""
         return {}
 
@@ -407,7 +404,14 @@ class GRPOTrainer(Trainer):
         loss = super().training_step(model, inputs, num_items_in_batch)
         spent = time.perf_counter() - start - (self._generation_seconds - generation_before)
         self._metrics["train"]["timing/optimization"].append(spent)
+        if (self._step - 1) % self.generate_every == self.args.steps_per_generation - 1:
+            # first pass over the generation batch done: every row now carries behaviour log-probs
+            self._after_first_pass(self._micro_batches)
         return loss
+
+    def _after_first_pass(self, micro_batches: list[Rollout]) -> None:
+        """Hook: called once per generation batch after its first loss pass (the replay trainer stores
+        groups here). Not called during evaluation."""
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "eval" if any(k.startswith("eval_") for k in logs) else "train"

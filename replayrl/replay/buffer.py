@@ -1,0 +1,135 @@
+"""`ReplayBuffer`: a bounded store of informative prompt groups, sampled in proportion to their score.
+
+No transformers/accelerate imports: the buffer is plain Python + torch, so it is unit-testable and its
+state is a dict of tensors and numbers. Groups are stored trimmed and on CPU (see `Rollout.trim`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from replayrl.algos import group_std
+from replayrl.batch import Rollout
+
+ReplayScore = Literal["adv_std", "variance", "uniform"]
+
+
+def group_score(rewards: Tensor, advantages: Tensor, kind: ReplayScore) -> float:
+    """Priority of one group. rewards, advantages: (G,).
+
+    - "adv_std": sum_i |A_i| * std(r), TRL's score (grows with spread and with group size);
+    - "variance": var(r), for 0/1 rewards p(1-p) * G/(G-1): highest when the success rate is 1/2;
+    - "uniform": 1 for every group.
+    """
+    std = float(group_std(rewards, rewards.numel()))
+    if kind == "adv_std":
+        return float(advantages.abs().sum()) * std
+    if kind == "variance":
+        return std**2
+    if kind == "uniform":
+        return 1.0
+    raise ValueError(f"replay score must be one of 'adv_std', 'variance', 'uniform' (got {kind!r}).")
+
+
+@dataclass
+class ReplayGroup:
+    rollout: Rollout  # G rows, trimmed, on CPU, with behaviour log-probs
+    score: float
+    version: int  # optimizer step at which the group was generated
+    uid: int  # insertion counter: unique, and the tie-break between equal scores (older goes first)
+    reuse: int = 0  # how often the group has been replayed
+
+
+class ReplayBuffer:
+    """Keeps the `capacity` highest-scoring groups.
+
+    `add` evicts the lowest score when full (ties: the oldest), and drops a newcomer that scores below
+    everything kept. `sample(k)` draws up to k distinct groups with probability proportional to score and
+    returns fewer when the buffer holds fewer (the caller logs the shortfall). `max_age` (optimizer steps)
+    and `max_reuse` bound staleness. Sampling uses the buffer's own seeded generator, so every process that
+    applies the same operations holds the same buffer and draws the same groups.
+    """
+
+    def __init__(self, capacity: int, seed: int = 0, max_age: int | None = None, max_reuse: int | None = None):
+        if capacity < 0:
+            raise ValueError(f"replay_buffer_size must be >= 0 (got {capacity}).")
+        self.capacity = capacity
+        self.max_age = max_age
+        self.max_reuse = max_reuse
+        self.groups: list[ReplayGroup] = []
+        self.generator = torch.Generator().manual_seed(seed)
+        self._next_uid = 0
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def add(self, rollout: Rollout, score: float, version: int) -> bool:
+        """Store a group (detached copy on CPU). Returns whether it was kept."""
+        if self.capacity == 0:
+            return False
+        group = ReplayGroup(rollout.trim().to("cpu").clone(), float(score), int(version), self._next_uid)
+        self._next_uid += 1
+        if len(self.groups) >= self.capacity:
+            worst = min(range(len(self.groups)), key=lambda i: (self.groups[i].score, self.groups[i].uid))
+            if self.groups[worst].score >= group.score:
+                return False
+            self.groups.pop(worst)
+        self.groups.append(group)
+        return True
+
+    def evict_stale(self, current_version: int) -> int:
+        """Drop groups older than `max_age` optimizer steps. Returns how many were dropped."""
+        if self.max_age is None:
+            return 0
+        before = len(self.groups)
+        self.groups = [g for g in self.groups if current_version - g.version <= self.max_age]
+        return before - len(self.groups)
+
+    def sample(self, k: int) -> list[ReplayGroup]:
+        """Up to k distinct groups, drawn with probability proportional to score; each drawn group's reuse
+        count goes up and it leaves the buffer once it reaches `max_reuse`."""
+        k = min(k, len(self.groups))
+        if k == 0:
+            return []
+        weights = torch.tensor([g.score for g in self.groups], dtype=torch.float64).clamp(min=0)
+        if weights.sum() <= 0:  # all-zero scores: uniform instead of a multinomial error
+            weights = torch.ones_like(weights)
+        picked = torch.multinomial(weights, k, replacement=False, generator=self.generator).tolist()
+        chosen = [self.groups[i] for i in picked]
+        for g in chosen:
+            g.reuse += 1
+        if self.max_reuse is not None:
+            self.groups = [g for g in self.groups if g.reuse < self.max_reuse]
+        return chosen
+
+    def state_dict(self) -> dict:
+        return {
+            "capacity": self.capacity,
+            "max_age": self.max_age,
+            "max_reuse": self.max_reuse,
+            "next_uid": self._next_uid,
+            "generator": self.generator.get_state(),
+            "groups": [
+                {
+                    "rollout": g.rollout.state_dict(),
+                    "score": g.score,
+                    "version": g.version,
+                    "uid": g.uid,
+                    "reuse": g.reuse,
+                }
+                for g in self.groups
+            ],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.capacity, self.max_age, self.max_reuse = state["capacity"], state["max_age"], state["max_reuse"]
+        self._next_uid = state["next_uid"]
+        self.generator.set_state(state["generator"])
+        self.groups = [
+            ReplayGroup(Rollout.from_state_dict(g["rollout"]), g["score"], g["version"], g["uid"], g["reuse"])
+            for g in state["groups"]
+        ]

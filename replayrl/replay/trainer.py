@@ -1,0 +1,195 @@
+"""GRPO with a replay buffer: zero-std groups are swapped for informative groups from earlier batches.
+
+Semantics (docs/replay.md): the unit is the group. After a batch is generated and scored, every group
+whose rewards are all equal (within `replay_zero_std_atol`) carries no advantage; each is replaced by a
+buffered group drawn in proportion to its score. Decisions are taken on the global batch, identically on
+every process (one logical buffer); each process swaps its own slots. Groups with variance enter the
+buffer after their first loss pass, carrying their behaviour log-probs and policy version, so a replayed
+group is trained as the off-policy data it is: the PPO ratio is taken against the behaviour log-probs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from accelerate.utils import gather_object
+from torch import Tensor
+
+from replayrl import algos
+from replayrl.batch import Rollout
+from replayrl.config import GRPOConfig
+from replayrl.replay.buffer import ReplayBuffer, group_score
+from replayrl.trainer import GRPOTrainer
+
+
+@dataclass
+class GRPOWithReplayBufferConfig(GRPOConfig):
+    """[`GRPOConfig`] plus the replay buffer's knobs."""
+
+    replay_buffer_size: int = field(
+        default=64,
+        metadata={"help": "Groups kept in the replay buffer. 0 disables the buffer (plain GRPO)."},
+    )
+    replay_score: Literal["adv_std", "variance", "uniform"] = field(
+        default="adv_std",
+        metadata={"help": "Group priority: 'adv_std' (sum|A|*std, TRL), 'variance' (p(1-p) for 0/1), 'uniform'."},
+    )
+    replay_zero_std_atol: float = field(
+        default=1e-6, metadata={"help": "A group is zero-std when max(r) - min(r) <= this tolerance."}
+    )
+    replay_max_age: int | None = field(
+        default=None, metadata={"help": "Evict groups generated more than this many optimizer steps ago."}
+    )
+    replay_max_reuse: int | None = field(
+        default=None, metadata={"help": "Evict a group after it has been replayed this many times."}
+    )
+    replay_importance_cap: float | None = field(
+        default=None,
+        metadata={
+            "help": "If set, replayed rows use the decoupled objective: ratio against the current policy, times "
+            "a truncated importance weight min(pi/mu, cap) (arXiv:2110.00641). Default: ratio against mu."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.replay_buffer_size < 0:
+            raise ValueError(f"replay_buffer_size must be >= 0 (got {self.replay_buffer_size}); 0 disables it.")
+        if self.replay_score not in ("adv_std", "variance", "uniform"):
+            raise ValueError(f"replay_score must be 'adv_std', 'variance' or 'uniform' (got {self.replay_score!r}).")
+        for name in ("replay_max_age", "replay_max_reuse"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None (got {value}).")
+        if self.replay_importance_cap is not None and self.replay_importance_cap <= 0:
+            raise ValueError(f"replay_importance_cap must be > 0 (got {self.replay_importance_cap}).")
+
+
+class GRPOWithReplayBufferTrainer(GRPOTrainer):
+    """[`GRPOTrainer`] with a replay buffer. Same constructor; `args` is a [`GRPOWithReplayBufferConfig`]."""
+
+    _tag_names = ["trl", "grpo", "replayrl", "replay-buffer"]
+
+    @staticmethod
+    def _default_config(output_dir: str) -> GRPOWithReplayBufferConfig:
+        return GRPOWithReplayBufferConfig(output_dir=output_dir)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        cfg = self.args
+        size = getattr(cfg, "replay_buffer_size", 0)
+        self.replay_buffer = (
+            ReplayBuffer(
+                size,
+                seed=cfg.seed,
+                max_age=getattr(cfg, "replay_max_age", None),
+                max_reuse=getattr(cfg, "replay_max_reuse", None),
+            )
+            if size > 0
+            else None
+        )
+
+    # ------------------------------------------------------------------ replace zero-std groups
+    def _postprocess_rollout(self, rollout: Rollout) -> Rollout:
+        if self.replay_buffer is None:
+            return rollout
+        G = self.num_generations
+        zero = algos.zero_std_groups(rollout.rewards, G, self.args.replay_zero_std_atol)
+        all_zero = self.accelerator.gather(zero)  # same decisions on every rank
+        self.replay_buffer.evict_stale(self.state.global_step)
+        picks = self.replay_buffer.sample(int(all_zero.sum()))
+        # Slot s of the global zero-std list gets picks[s]; this process owns a contiguous range of slots.
+        n_local = zero.numel()
+        rank = self.accelerator.process_index
+        first_slot = int(all_zero[: rank * n_local].sum())
+        groups, replaced, local_picks = [], 0, []
+        for g, is_zero in enumerate(zero.tolist()):
+            slot = first_slot + replaced if is_zero else None
+            if is_zero and slot < len(picks):
+                local_picks.append(picks[slot])
+                groups.append(self._as_replayed(picks[slot].rollout, rollout))
+                replaced += 1
+            else:
+                groups.append(rollout.rows(slice(g * G, (g + 1) * G)))
+        self._log_replacement(all_zero, picks, local_picks)
+        return Rollout.concat(groups, pad_token_id=self.generation_config.pad_token_id) if replaced else rollout
+
+    def _as_replayed(self, stored: Rollout, like: Rollout) -> Rollout:
+        """A buffered group ready to sit in a fresh batch: on the batch's device, flagged as replayed."""
+        group = stored.to(like.prompt_ids.device)
+        if like.ref_logps is not None and group.ref_logps is None:
+            raise RuntimeError("A buffered group lacks reference log-probs although beta > 0.")
+        return group.with_(replayed=torch.ones_like(group.replayed))
+
+    def _log_replacement(self, all_zero: Tensor, picks: list, local_picks: list) -> None:
+        m = self._metrics["train"]
+        n_zero = int(all_zero.sum())
+        m["replay/buffer_size"].append(float(len(self.replay_buffer)))
+        m["replay/groups_replaced"].append(float(len(picks)))
+        m["replay/shortfall"].append(float(n_zero - len(picks)))
+        m["replay/frac_zero_std_trained"].append((n_zero - len(picks)) / all_zero.numel())
+        if picks:  # the same list on every rank, so no collective is needed
+            ages = [self.state.global_step - p.version for p in picks]
+            m["replay/age_mean"].append(sum(ages) / len(ages))
+            m["replay/age_max"].append(float(max(ages)))
+            m["replay/reuse_mean"].append(sum(p.reuse for p in picks) / len(picks))
+
+    # ------------------------------------------------------------------ store informative groups
+    def _after_first_pass(self, micro_batches: list[Rollout]) -> None:
+        """Fresh groups with variance enter the buffer once their behaviour log-probs are known (after their
+        first loss pass). Candidates are gathered from all processes and added in rank order, so every
+        process holds the same buffer."""
+        if self.replay_buffer is None:
+            return
+        rollout = Rollout.concat(micro_batches)
+        G = self.num_generations
+        zero = algos.zero_std_groups(rollout.rewards, G, self.args.replay_zero_std_atol).tolist()
+        candidates = []
+        for g, is_zero in enumerate(zero):
+            group = rollout.rows(slice(g * G, (g + 1) * G))
+            if is_zero or bool(group.replayed.any()):
+                continue
+            score = group_score(group.rewards.cpu(), group.advantages.cpu(), self.args.replay_score)
+            stored = group.with_(loss_weights=None).trim().to("cpu").clone()
+            candidates.append((stored, score, int(group.policy_version[0])))
+        for stored, score, version in _flatten(gather_object([candidates])):
+            self.replay_buffer.add(stored, score, version)
+
+    # ------------------------------------------------------------------ off-policy correction
+    def _behaviour_correction(self, batch: Rollout, current: Tensor, old: Tensor) -> tuple[Tensor, Tensor | None]:
+        cap = getattr(self.args, "replay_importance_cap", None)
+        if cap is None or self.replay_buffer is None:
+            return old, None
+        replayed = batch.replayed.unsqueeze(1)
+        proximal = torch.where(replayed, current, old)
+        weights = torch.where(replayed, algos.truncated_is_weights(current, old, cap), torch.ones_like(old))
+        return proximal, weights
+
+    def _extra_loss_metrics(self, batch: Rollout, logps: Tensor, mask: Tensor) -> dict:
+        """Importance ratio pi_theta / pi_behaviour on replayed tokens."""
+        if self.replay_buffer is None:
+            return {}
+        replayed = mask & batch.replayed.unsqueeze(1)
+        r = torch.exp(logps.detach().float() - batch.old_logps.float())
+        count = replayed.sum()
+        return {
+            "replay/importance_ratio_mean": (r[replayed].sum(), count),
+            "replay/importance_ratio_abs_log_mean": (r[replayed].log().abs().sum(), count),
+        }
+
+    # ------------------------------------------------------------------ checkpoints
+    def _extra_state(self) -> dict:
+        state = super()._extra_state()
+        state["replay_buffer"] = None if self.replay_buffer is None else self.replay_buffer.state_dict()
+        return state
+
+    def _load_extra_state(self, state: dict) -> None:
+        super()._load_extra_state(state)
+        if self.replay_buffer is not None and state.get("replay_buffer") is not None:
+            self.replay_buffer.load_state_dict(state["replay_buffer"])
+
+
+def _flatten(per_rank: list[list]) -> list:
+    return [item for items in per_rank for item in items]
