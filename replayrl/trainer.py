@@ -321,7 +321,8 @@ class GRPOTrainer(Trainer):
         old = current if batch.old_logps is None else torch.where(batch.old_logps.isnan(), current, batch.old_logps)
         if mode == "train":
             batch.old_logps = old  # keep them: the replay buffer stores behaviour log-probs
-        old, is_weights = self._behaviour_correction(batch, current, old)
+        behaviour = old
+        old, is_weights = self._behaviour_correction(batch, current, behaviour)
         per_token, low, high, _ = algos.clipped_surrogate(
             logps, old, batch.advantages, self.args.epsilon, self.args.epsilon_high, is_weights
         )
@@ -330,7 +331,7 @@ class GRPOTrainer(Trainer):
             kl = algos.kl_k3(logps, batch.ref_logps)
             per_token = per_token + self.args.beta * kl
         loss = (per_token * batch.loss_weights).sum()
-        self._log_loss_metrics(mode, batch, logps, entropy, kl, low, high)
+        self._log_loss_metrics(mode, batch, logps, behaviour, entropy, kl, low, high)
         return loss
 
     def _behaviour_correction(self, batch: Rollout, current: Tensor, old: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -356,7 +357,7 @@ class GRPOTrainer(Trainer):
             if count > 0:
                 self._metrics[mode][key].append(total / count)
 
-    def _log_loss_metrics(self, mode, batch: Rollout, logps, entropy, kl, low, high) -> None:
+    def _log_loss_metrics(self, mode, batch: Rollout, logps, behaviour, entropy, kl, low, high) -> None:
         mask = batch.loss_weights > 0
         n = mask.sum()
         region = low | high
@@ -368,10 +369,10 @@ class GRPOTrainer(Trainer):
         sums["clip_ratio/region_mean"] = masked(region)
         if kl is not None:
             sums["kl"] = masked(kl)
-        sums.update(self._extra_loss_metrics(batch, logps, mask))
+        sums.update(self._extra_loss_metrics(batch, logps, behaviour, mask))
         self._reduce_means(mode, sums)
 
-    def _extra_loss_metrics(self, batch: Rollout, logps: Tensor, mask: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
+    def _extra_loss_metrics(self, batch: Rollout, logps: Tensor, behaviour: Tensor, mask: Tensor) -> dict:
         """Hook: more (sum, count) metrics from the loss pass."""
         return {}
 
@@ -421,7 +422,7 @@ class GRPOTrainer(Trainer):
             steps = max(1, len(self._metrics["train"]["timing/optimization"]) // self.args.gradient_accumulation_steps)
             metrics["timing/optimization"] = sum(self._metrics["train"]["timing/optimization"]) / steps
         prefix = "eval_" if mode == "eval" else ""
-        logs = {**logs, **{prefix + k: v for k, v in metrics.items()}}
+        logs.update({prefix + k: v for k, v in metrics.items()})  # in place: evaluate() returns them too
         self._metrics[mode].clear()
         if self.args.log_completions and self._last_completions:
             self._print_completions()

@@ -28,8 +28,19 @@ def test_seed_example_from_a_local_path_changes_parameters(model_dir, dataset, t
     changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p)]
     assert len(changed) == len(before)
     log = trainer.state.log_history[0]
-    for key in ["reward", "reward_std", "frac_reward_zero_std", "kl", "entropy", "completion_length", "num_tokens",
-                "clip_ratio/region_mean", "rewards/reward_len/mean", "timing/generation", "timing/optimization"]:
+    for key in [
+        "reward",
+        "reward_std",
+        "frac_reward_zero_std",
+        "kl",
+        "entropy",
+        "completion_length",
+        "num_tokens",
+        "clip_ratio/region_mean",
+        "rewards/reward_len/mean",
+        "timing/generation",
+        "timing/optimization",
+    ]:
         assert key in log, key
 
 
@@ -51,8 +62,15 @@ def test_beta_positive_uses_a_frozen_reference(model, tokenizer, dataset, tmp_pa
 
 def test_sync_ref_model_mixes_policy_into_reference(model, tokenizer, dataset, tmp_path):
     trainer = make_trainer(
-        model, tokenizer, dataset, tmp_path, beta=0.1, sync_ref_model=True, ref_model_sync_steps=1,
-        ref_model_mixup_alpha=0.5, max_steps=1,
+        model,
+        tokenizer,
+        dataset,
+        tmp_path,
+        beta=0.1,
+        sync_ref_model=True,
+        ref_model_sync_steps=1,
+        ref_model_mixup_alpha=0.5,
+        max_steps=1,
     )
     ref0 = {n: p.clone() for n, p in trainer.ref_model.named_parameters()}
     trainer.train()
@@ -67,7 +85,9 @@ def test_num_iterations_computes_old_logps_and_reuses_the_batch(model, tokenizer
         calls.append(1)
         return varied_reward(completions)
 
-    trainer = make_trainer(model, tokenizer, dataset, tmp_path, reward=counting, num_iterations=2, max_steps=4, beta=0.0)
+    trainer = make_trainer(
+        model, tokenizer, dataset, tmp_path, reward=counting, num_iterations=2, max_steps=4, beta=0.0
+    )
     trainer.train()
     assert len(calls) == 2  # one generation serves two optimizer steps
     assert "timing/logps" in trainer.state.log_history[0]  # the old-log-prob pass ran
@@ -85,16 +105,27 @@ def test_on_policy_skips_the_old_logps_pass(model, tokenizer, dataset, tmp_path)
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 @pytest.mark.parametrize("scale_rewards", ["group", "batch", "none"])
 def test_loss_types_and_scalings_train(model, tokenizer, dataset, tmp_path, loss_type, scale_rewards):
-    trainer = make_trainer(model, tokenizer, dataset, tmp_path, loss_type=loss_type, scale_rewards=scale_rewards,
-                           max_steps=1)
+    trainer = make_trainer(
+        model, tokenizer, dataset, tmp_path, loss_type=loss_type, scale_rewards=scale_rewards, max_steps=1
+    )
     before = [p.clone() for p in trainer.model.parameters()]
     trainer.train()
     assert any(not torch.equal(b, p) for b, p in zip(before, trainer.model.parameters()))
 
 
 def test_generation_knobs_reach_generate(model, tokenizer, dataset, tmp_path):
-    trainer = make_trainer(model, tokenizer, dataset, tmp_path, temperature=0.5, top_p=0.8, top_k=7, min_p=0.05,
-                           repetition_penalty=1.3, max_completion_length=3)
+    trainer = make_trainer(
+        model,
+        tokenizer,
+        dataset,
+        tmp_path,
+        temperature=0.5,
+        top_p=0.8,
+        top_k=7,
+        min_p=0.05,
+        repetition_penalty=1.3,
+        max_completion_length=3,
+    )
     gc = trainer.generation_config
     assert (gc.temperature, gc.top_p, gc.top_k, gc.min_p, gc.repetition_penalty) == (0.5, 0.8, 7, 0.05, 1.3)
     assert gc.max_new_tokens == 3
@@ -113,8 +144,16 @@ def test_max_prompt_length_keeps_the_end_of_the_prompt(model, tokenizer, dataset
 
 def test_mask_truncated_completions_removes_them_from_the_loss(model, tokenizer, dataset, tmp_path):
     # 1-token completions are nearly always truncated; with beta=0 masked rows contribute nothing
-    trainer = make_trainer(model, tokenizer, dataset, tmp_path, max_completion_length=1, mask_truncated_completions=True,
-                           beta=0.0, max_steps=1)
+    trainer = make_trainer(
+        model,
+        tokenizer,
+        dataset,
+        tmp_path,
+        max_completion_length=1,
+        mask_truncated_completions=True,
+        beta=0.0,
+        max_steps=1,
+    )
     trainer.train()
     mb = trainer._micro_batches[0]
     assert torch.equal(mb.loss_weights.sum(1) == 0, mb.truncated)
@@ -140,9 +179,17 @@ def test_log_completions_prints_a_table(model, tokenizer, dataset, tmp_path, cap
 
 
 def test_eval_logs_eval_metrics(model, tokenizer, dataset, tmp_path):
-    args = tiny_args(GRPOConfig, tmp_path, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=4, max_steps=1)
-    trainer = GRPOTrainer(model=model, reward_funcs=varied_reward, args=args, train_dataset=dataset,
-                          eval_dataset=dataset.select(range(2)), processing_class=tokenizer)
+    args = tiny_args(
+        GRPOConfig, tmp_path, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=4, max_steps=1
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=varied_reward,
+        args=args,
+        train_dataset=dataset,
+        eval_dataset=dataset.select(range(2)),
+        processing_class=tokenizer,
+    )
     trainer.train()
     evals = [h for h in trainer.state.log_history if "eval_loss" in h]
     assert evals and "eval_reward" in evals[0]
@@ -152,8 +199,14 @@ def test_peft_lora_with_kl_uses_the_base_model_as_reference(model, tokenizer, da
     from peft import LoraConfig
 
     args = tiny_args(GRPOConfig, tmp_path, beta=0.1, max_steps=2)
-    trainer = GRPOTrainer(model=model, reward_funcs=varied_reward, args=args, train_dataset=dataset,
-                          processing_class=tokenizer, peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=varied_reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+    )
     assert trainer.ref_model is None
     lora = {n: p.clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     trainer.train()
@@ -169,12 +222,25 @@ def test_loss_is_invariant_to_gradient_accumulation_splits(tokenizer, dataset, t
     for loss_type in ["grpo", "bnpo", "dr_grpo", "dapo"]:
         for bs, ga in [(8, 1), (1, 8), (2, 4)]:
             model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
-            trainer = make_trainer(model, tokenizer, dataset, tmp_path / f"{loss_type}{bs}", loss_type=loss_type,
-                                   per_device_train_batch_size=bs, gradient_accumulation_steps=ga, max_steps=1,
-                                   optim="sgd", learning_rate=1.0, max_grad_norm=0.0, beta=0.1)
+            trainer = make_trainer(
+                model,
+                tokenizer,
+                dataset,
+                tmp_path / f"{loss_type}{bs}",
+                loss_type=loss_type,
+                per_device_train_batch_size=bs,
+                gradient_accumulation_steps=ga,
+                max_steps=1,
+                optim="sgd",
+                learning_rate=1.0,
+                max_grad_norm=0.0,
+                beta=0.1,
+            )
             trainer.train()
-            results[(loss_type, bs)] = ([p.detach().clone() for p in trainer.model.parameters()],
-                                        trainer.state.log_history[0]["loss"])
+            results[(loss_type, bs)] = (
+                [p.detach().clone() for p in trainer.model.parameters()],
+                trainer.state.log_history[0]["loss"],
+            )
         ref_params, ref_loss = results[(loss_type, 8)]
         for bs in (1, 2):
             params, loss = results[(loss_type, bs)]
@@ -191,8 +257,12 @@ def test_dataset_without_prompt_column_is_rejected(model, tokenizer, dataset, tm
 
 def test_missing_model_path_is_a_clear_error(dataset, tmp_path):
     with pytest.raises(ValueError, match="Could not load model"):
-        GRPOTrainer(model=str(tmp_path / "nope"), reward_funcs=reward_len, args=tiny_args(GRPOConfig, tmp_path),
-                    train_dataset=dataset)
+        GRPOTrainer(
+            model=str(tmp_path / "nope"),
+            reward_funcs=reward_len,
+            args=tiny_args(GRPOConfig, tmp_path),
+            train_dataset=dataset,
+        )
 
 
 def test_model_init_kwargs_with_a_model_object_is_rejected(model, tokenizer, dataset, tmp_path):

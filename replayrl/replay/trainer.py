@@ -167,12 +167,12 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
         weights = torch.where(replayed, algos.truncated_is_weights(current, old, cap), torch.ones_like(old))
         return proximal, weights
 
-    def _extra_loss_metrics(self, batch: Rollout, logps: Tensor, mask: Tensor) -> dict:
+    def _extra_loss_metrics(self, batch: Rollout, logps: Tensor, behaviour: Tensor, mask: Tensor) -> dict:
         """Importance ratio pi_theta / pi_behaviour on replayed tokens."""
         if self.replay_buffer is None:
             return {}
         replayed = mask & batch.replayed.unsqueeze(1)
-        r = torch.exp(logps.detach().float() - batch.old_logps.float())
+        r = torch.exp(logps.detach().float() - behaviour.float())
         count = replayed.sum()
         return {
             "replay/importance_ratio_mean": (r[replayed].sum(), count),
