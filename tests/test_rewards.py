@@ -113,6 +113,8 @@ def test_reward_model_by_path_in_training(model, tokenizer, dataset, tmp_path):
     rm.save_pretrained(rm_dir)
     tokenizer.save_pretrained(rm_dir)
     args = tiny_args(GRPOConfig, tmp_path, max_steps=1)
-    trainer = GRPOTrainer(model=model, reward_funcs=str(rm_dir), args=args, train_dataset=dataset, processing_class=tokenizer)
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=str(rm_dir), args=args, train_dataset=dataset, processing_class=tokenizer
+    )
     trainer.train()
     assert "rewards/rm/mean" in trainer.state.log_history[0]
