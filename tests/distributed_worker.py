@@ -27,9 +27,19 @@ def rank1_is_flat(completions, **kwargs):
 
 
 def common(out):
-    return dict(output_dir=out, per_device_train_batch_size=4, num_generations=4, max_completion_length=6,
-                max_prompt_length=32, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=0,
-                disable_tqdm=True)
+    return dict(
+        output_dir=out,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=6,
+        max_prompt_length=32,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+    )
 
 
 def main(mode: str, out: str) -> None:
@@ -38,19 +48,28 @@ def main(mode: str, out: str) -> None:
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
     if mode == "grpo":
         args = GRPOConfig(**common(out), max_steps=1, optim="sgd", learning_rate=1.0, max_grad_norm=0.0, beta=0.1)
-        trainer = GRPOTrainer(model=model, reward_funcs=varied_reward, args=args, train_dataset=prompt_dataset(16),
-                              processing_class=tok)
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=varied_reward, args=args, train_dataset=prompt_dataset(16), processing_class=tok
+        )
         trainer.train()
         batches = gather_object([[mb.to("cpu").state_dict() for mb in trainer._micro_batches]])
         if trainer.accelerator.is_main_process:
-            torch.save({"batches": batches, "params": [p.detach().cpu() for p in trainer.model.parameters()],
-                        "loss": trainer.state.log_history[0]["loss"], "world": trainer.accelerator.num_processes},
-                       os.path.join(out, "result.pt"))
+            torch.save(
+                {
+                    "batches": batches,
+                    "params": [p.detach().cpu() for p in trainer.model.parameters()],
+                    "loss": trainer.state.log_history[0]["loss"],
+                    "world": trainer.accelerator.num_processes,
+                },
+                os.path.join(out, "result.pt"),
+            )
     else:
-        args = GRPOWithReplayBufferConfig(**common(out), max_steps=4, replay_buffer_size=8, beta=0.0,
-                                          learning_rate=1e-2, per_device_eval_batch_size=4)
-        trainer = GRPOWithReplayBufferTrainer(model=model, reward_funcs=rank1_is_flat, args=args,
-                                              train_dataset=prompt_dataset(32), processing_class=tok)
+        args = GRPOWithReplayBufferConfig(
+            **common(out), max_steps=4, replay_buffer_size=8, beta=0.0, learning_rate=1e-2, per_device_eval_batch_size=4
+        )
+        trainer = GRPOWithReplayBufferTrainer(
+            model=model, reward_funcs=rank1_is_flat, args=args, train_dataset=prompt_dataset(32), processing_class=tok
+        )
         seen = []
         original = trainer.compute_loss
 
@@ -61,8 +80,12 @@ def main(mode: str, out: str) -> None:
         trainer.compute_loss = spy
         trainer.train()
         buffer = [(g.uid, round(g.score, 6), g.version) for g in trainer.replay_buffer.groups]
-        summary = {"rank": trainer.accelerator.process_index, "buffer": buffer,
-                   "replayed_rows": int(sum(s.sum() for s in seen)), "logs": trainer.state.log_history}
+        summary = {
+            "rank": trainer.accelerator.process_index,
+            "buffer": buffer,
+            "replayed_rows": int(sum(s.sum() for s in seen)),
+            "logs": trainer.state.log_history,
+        }
         everything = gather_object([summary])
         if trainer.accelerator.is_main_process:
             torch.save(everything, os.path.join(out, "result.pt"))

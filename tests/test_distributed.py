@@ -23,9 +23,25 @@ def launch(mode: str, out: Path) -> list | dict:
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(WORKER.parent.parent)}
     # `--multi_gpu` without GPUs starts torchrun; accelerate then picks MULTI_CPU with gloo.
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--multi_gpu", "--main_process_port", "29511",
-           str(WORKER), mode, str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--multi_gpu",
+        "--main_process_port",
+        "29511",
+        str(WORKER),
+        mode,
+        str(out),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return torch.load(out / "result.pt", weights_only=False)
@@ -41,8 +57,13 @@ def test_two_processes_match_one_process_on_the_same_global_batch(tokenizer, tmp
     # The same step in one process: same initial weights, the global batch, one SGD step with lr 1.
     model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
     args = tiny_args(GRPOConfig, tmp_path, per_device_train_batch_size=8, beta=0.1)
-    trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
-                          train_dataset=None, processing_class=tokenizer)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args,
+        train_dataset=None,
+        processing_class=tokenizer,
+    )
     init = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.model.train()
     loss = trainer.compute_loss(trainer.model, trainer._finalize_rollout(batch, micro_steps=1))

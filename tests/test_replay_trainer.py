@@ -214,3 +214,22 @@ def test_resume_continues_exactly_like_the_uninterrupted_run(tokenizer, dataset,
                 continue
             assert y[k] == pytest.approx(x[k], rel=1e-4, abs=1e-6), (x["step"], k)
     assert [g.uid for g in full.replay_buffer.groups] == [g.uid for g in resumed.replay_buffer.groups]
+
+
+def test_seed_usage_example_runs_as_written(tmp_path, capsys):
+    import runpy
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).parents[1] / "examples" / "grpo_with_replay_buffer.py"
+    argv = sys.argv
+    sys.argv = [str(example), str(tmp_path / "out")]
+    try:
+        namespace = runpy.run_path(str(example), run_name="__main__")
+    finally:
+        sys.argv = argv
+    trainer = namespace["trainer"]
+    assert not namespace["changed"] == []
+    assert len(namespace["changed"]) == len(namespace["previous_trainable_params"])
+    assert len(trainer.replay_buffer) > 0
+    assert sum(h.get("replay/groups_replaced", 0) for h in trainer.state.log_history) > 0

@@ -279,3 +279,42 @@ def test_save_model_round_trips(model, tokenizer, dataset, tmp_path):
     loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "final"))
     for a, b in zip(loaded.parameters(), copy.deepcopy(trainer.model).parameters()):
         torch.testing.assert_close(a, b)
+
+
+def test_resume_from_a_checkpoint_in_the_middle_of_a_generation_cycle(tokenizer, dataset, tmp_path):
+    """steps_per_generation=2: one generation serves two optimizer steps; a checkpoint after the first step
+    must carry the generation batch in progress, so the resumed run trains on the same rows."""
+    from transformers import TrainerCallback
+
+    from replayrl.tiny import build_tiny_model
+
+    class StopAt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step >= 1
+
+    def run(out, stop=False, resume=None):
+        model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
+        trainer = make_trainer(
+            model,
+            tokenizer,
+            dataset,
+            tmp_path,
+            output_dir=str(out),
+            steps_per_generation=2,
+            per_device_train_batch_size=2,
+            max_steps=4,
+            save_strategy="steps",
+            save_steps=1,
+        )
+        if stop:
+            trainer.add_callback(StopAt())
+        trainer.train(resume_from_checkpoint=resume)
+        return [h for h in trainer.state.log_history if "loss" in h]
+
+    full = run(tmp_path / "full")
+    run(tmp_path / "part", stop=True)
+    resumed = [h for h in run(tmp_path / "part", resume=str(tmp_path / "part" / "checkpoint-1")) if h["step"] > 1]
+    assert [h["step"] for h in resumed] == [2, 3, 4]
+    for x, y in zip(full[1:], resumed):
+        for k in ("loss", "grad_norm", "kl", "entropy"):
+            assert y[k] == pytest.approx(x[k], rel=1e-4, abs=1e-6), (x["step"], k)
