@@ -110,8 +110,8 @@ class RewardFunctions:
             else:
                 results[i] = func(**kwargs)
         if pending:
-            outputs = _run_async([f(**kwargs) for f in pending.values()])
-            results = [outputs[list(pending).index(i)] if i in pending else r for i, r in enumerate(results)]
+            outputs = dict(zip(pending, _run_async([f(**kwargs) for f in pending.values()])))
+            results = [outputs.get(i, r) for i, r in enumerate(results)]
         columns_out = [self._validate(name, out, n) for name, out in zip(self.names, results)]
         return torch.stack(columns_out, dim=1).to(device)
 
@@ -130,7 +130,7 @@ class RewardFunctions:
             if v is None:
                 values.append(math.nan)
                 continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
+            if isinstance(v, str) or not hasattr(v, "__float__"):  # numbers, bools, numpy/torch scalars
                 raise ValueError(
                     f"Reward function {name!r} returned {v!r} ({type(v).__name__}) at index {i}; "
                     "rewards must be numbers or None."

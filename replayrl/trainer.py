@@ -191,7 +191,9 @@ class GRPOTrainer(Trainer):
             start = time.perf_counter()
             rollout = self._generate_and_score(inputs, mode="train")
             rollout = self._postprocess_rollout(rollout)
-            rollout = self._finalize_rollout(rollout, micro_steps=self.args.steps_per_generation)
+            # each optimizer step's loss is full-scale whether a generation serves less or more than one step
+            scale = self.args.steps_per_generation / self.args.gradient_accumulation_steps
+            rollout = self._finalize_rollout(rollout, scale)
             self._micro_batches = rollout.split(self.args.steps_per_generation)
             self._generation_seconds += time.perf_counter() - start
         batch = self._micro_batches[self._step % self.args.steps_per_generation]
@@ -284,10 +286,9 @@ class GRPOTrainer(Trainer):
         with self.accelerator.unwrap_model(self.model).disable_adapter():  # PEFT: base model = reference
             return self._token_logps(self.model, rollout)[0]
 
-    def _finalize_rollout(self, rollout: Rollout, micro_steps: int) -> Rollout:
-        """Token weights for the loss, fixed once for the whole batch (see algos.token_weights). The factor
-        micro_steps / gradient_accumulation_steps makes each optimizer step's loss full-scale whether one
-        generation serves less or more than one optimizer step."""
+    def _finalize_rollout(self, rollout: Rollout, scale: float = 1.0) -> Rollout:
+        """Token weights for the loss, fixed once for the whole batch (see algos.token_weights), times
+        `scale`. Slicing them per micro-batch keeps the loss independent of how the batch is split."""
         loss_mask = rollout.completion_mask.float()
         if self.args.mask_truncated_completions:
             loss_mask = loss_mask * (~rollout.truncated).unsqueeze(1)
@@ -296,7 +297,6 @@ class GRPOTrainer(Trainer):
             total = self.accelerator.reduce(loss_mask.sum(), reduction="sum")
             num_tokens = float(total) / self.accelerator.num_processes
         weights = algos.token_weights(loss_mask, self.args.loss_type, self.args.max_completion_length, num_tokens)
-        scale = micro_steps / self.args.gradient_accumulation_steps if self.model.training else 1.0
         return rollout.with_(loss_weights=weights * scale)
 
     def _token_logps(self, model, rollout: Rollout, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -342,7 +342,7 @@ class GRPOTrainer(Trainer):
     # ----------------------------------------------------------------------------------------- eval
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         with torch.no_grad():
-            rollout = self._finalize_rollout(self._generate_and_score(inputs, mode="eval"), micro_steps=1)
+            rollout = self._finalize_rollout(self._generate_and_score(inputs, mode="eval"))
             loss = self.compute_loss(model, rollout)
         return loss.detach(), None, None
 

@@ -66,7 +66,7 @@ def test_two_processes_match_one_process_on_the_same_global_batch(tokenizer, tmp
     )
     init = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.model.train()
-    loss = trainer.compute_loss(trainer.model, trainer._finalize_rollout(batch, micro_steps=1))
+    loss = trainer.compute_loss(trainer.model, trainer._finalize_rollout(batch))
     loss.backward()
     assert loss.item() == pytest.approx(result["loss"], rel=1e-4, abs=1e-6)
     for p0, p, after in zip(init, trainer.model.parameters(), result["params"]):

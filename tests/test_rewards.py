@@ -118,3 +118,13 @@ def test_reward_model_by_path_in_training(model, tokenizer, dataset, tmp_path):
     )
     trainer.train()
     assert "rewards/rm/mean" in trainer.state.log_history[0]
+
+
+def test_bools_and_numpy_scalars_are_accepted():
+    import numpy as np
+
+    def mixed(completions, **kw):
+        return [True, False, np.float32(0.5), 2]
+
+    _, per_func = call(mixed)
+    assert per_func[:, 0].tolist() == [1.0, 0.0, 0.5, 2.0]
