@@ -317,18 +317,18 @@ class GRPOTrainer(Trainer):
         mode = "train" if model.training else "eval"
         logps, entropy = self._token_logps(model, batch, with_entropy=True)
         current = logps.detach()
-        # NaN / missing behaviour log-probs: on-policy rows, whose behaviour policy is the current one.
-        old = current if batch.old_logps is None else torch.where(batch.old_logps.isnan(), current, batch.old_logps)
+        real = batch.completion_mask.bool()
+        # Missing (NaN) behaviour log-probs are on-policy rows, whose behaviour policy is the current one.
+        behaviour = _known_or(batch.old_logps, current, real)
         if mode == "train":
-            batch.old_logps = old  # keep them: the replay buffer stores behaviour log-probs
-        behaviour = old
+            batch.old_logps = behaviour  # keep them: the replay buffer stores behaviour log-probs
         old, is_weights = self._behaviour_correction(batch, current, behaviour)
         per_token, low, high, _ = algos.clipped_surrogate(
             logps, old, batch.advantages, self.args.epsilon, self.args.epsilon_high, is_weights
         )
         kl = None
         if self.args.beta != 0.0:
-            kl = algos.kl_k3(logps, batch.ref_logps)
+            kl = algos.kl_k3(logps, _known_or(batch.ref_logps, current, real))
             per_token = per_token + self.args.beta * kl
         loss = (per_token * batch.loss_weights).sum()
         self._log_loss_metrics(mode, batch, logps, behaviour, entropy, kl, low, high)
@@ -497,6 +497,14 @@ class SyncRefModelCallback(TrainerCallback):
         alpha = args.ref_model_mixup_alpha
         for ref, pol in zip(unwrap(self.trainer.ref_model).parameters(), unwrap(self.trainer.model).parameters()):
             ref.mul_(1 - alpha).add_(pol.detach(), alpha=alpha)
+
+
+def _known_or(values: Tensor | None, current: Tensor, real: Tensor) -> Tensor:
+    """`values` (N, C) where known and on a real token, else `current`. Padding positions (NaN, or values that
+    are not log-probs) must never reach exp(): NaN * 0 is NaN, in the loss and in its gradient."""
+    if values is None:
+        return current
+    return torch.where(real & ~values.isnan(), values, current)
 
 
 def _check_prompt_column(name: str, dataset) -> None:

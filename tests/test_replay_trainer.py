@@ -233,3 +233,27 @@ def test_seed_usage_example_runs_as_written(tmp_path, capsys):
     assert len(namespace["changed"]) == len(namespace["previous_trainable_params"])
     assert len(trainer.replay_buffer) > 0
     assert sum(h.get("replay/groups_replaced", 0) for h in trainer.state.log_history) > 0
+
+
+def test_replayed_groups_of_other_widths_keep_the_loss_finite_with_kl(model, tokenizer, dataset, tmp_path):
+    """Buffered groups are trimmed, so a replayed group is usually narrower or wider than the fresh batch and
+    gets re-padded; padded log-prob positions must not poison the loss (NaN * 0 is NaN)."""
+
+    class AlternateWidth(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            trainer.generation_config.max_new_tokens = 6 if state.global_step % 2 else 3
+
+    trainer = make(model, tokenizer, dataset, tmp_path, max_steps=8, beta=0.1, max_completion_length=6)
+    trainer.add_callback(AlternateWidth())
+    trainer.train()
+    widths = {b.completion_ids.shape[1] for b, _, _ in trainer.seen}
+    assert widths == {3, 6}
+    lengths = [
+        (int(b.completion_mask[b.replayed].sum(1).max()), int(b.completion_mask[~b.replayed].sum(1).max()))
+        for b, _, _ in trainer.seen
+        if b.replayed.any() and not b.replayed.all()
+    ]
+    assert any(r != f for r, f in lengths)  # replayed and fresh rows of different widths were padded together
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert all(torch.isfinite(torch.tensor([h["loss"], h["grad_norm"], h["kl"]])).all() for h in logs)
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
