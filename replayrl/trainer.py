@@ -25,12 +25,13 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 from torch import Tensor
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
+from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
 from replayrl import algos
 from replayrl.batch import Rollout
 from replayrl.config import GRPOConfig
+from replayrl.models import SyncRefModelCallback, load_causal_lm
 from replayrl.rewards import RewardFunctions
 from replayrl.rollout import (
     build_generation_config,
@@ -47,25 +48,6 @@ EXTRA_STATE_NAME = "replayrl_state_rank{rank}.pt"
 
 def _identity_collator(features: list[dict]) -> list[dict]:
     return features
-
-
-def load_causal_lm(model: str | PreTrainedModel, init_kwargs: dict | None) -> PreTrainedModel:
-    """A model object passes through; a name or local path is loaded with `from_pretrained`."""
-    if not isinstance(model, str):
-        if init_kwargs:
-            raise ValueError("model_init_kwargs only apply when `model` is a name or path, not a model object.")
-        return model
-    kwargs = dict(init_kwargs or {})
-    dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
-    if isinstance(dtype, str) and dtype != "auto":
-        kwargs["dtype" if "dtype" in kwargs else "torch_dtype"] = getattr(torch, dtype)
-    try:
-        return AutoModelForCausalLM.from_pretrained(model, **kwargs)
-    except OSError as err:
-        raise ValueError(
-            f"Could not load model {model!r}: it is not a local directory with a saved model and could not be "
-            f"fetched from the Hub ({err}). Pass a path written by `save_pretrained` or a model object."
-        ) from err
 
 
 class GRPOTrainer(Trainer):
@@ -481,22 +463,6 @@ class GRPOTrainer(Trainer):
             ignore_keys_for_eval=ignore_keys_for_eval,
             **kwargs,
         )
-
-
-class SyncRefModelCallback(TrainerCallback):
-    """TR-DPO (arXiv:2404.09656): every `ref_model_sync_steps`, ref <- alpha * policy + (1 - alpha) * ref."""
-
-    def __init__(self, trainer: GRPOTrainer):
-        self.trainer = trainer
-
-    @torch.no_grad()
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % args.ref_model_sync_steps != 0:
-            return
-        unwrap = self.trainer.accelerator.unwrap_model
-        alpha = args.ref_model_mixup_alpha
-        for ref, pol in zip(unwrap(self.trainer.ref_model).parameters(), unwrap(self.trainer.model).parameters()):
-            ref.mul_(1 - alpha).add_(pol.detach(), alpha=alpha)
 
 
 def _known_or(values: Tensor | None, current: Tensor, real: Tensor) -> Tensor:
