@@ -2,7 +2,6 @@
 single-process ones on the same global batch, and the replay buffer is one logical buffer."""
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,6 @@ from replayrl.batch import Rollout
 from replayrl.tiny import build_tiny_model
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
-pytestmark = pytest.mark.skipif(shutil.which("accelerate") is None, reason="accelerate CLI not installed")
 
 
 def launch(mode: str, out: Path) -> list | dict:
