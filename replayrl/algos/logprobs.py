@@ -51,6 +51,10 @@ def token_logps_and_entropy(
     ``logits: (B, T, V)``, ``index: (B, T)`` -> ``(logps (B, T), entropy (B, T) or None)``. Dividing by the sampling
     temperature makes the log-probs those of the distribution the completions were actually sampled from (as TRL).
     """
-    logits = logits / temperature
+    if temperature != 1.0:
+        logits = logits / temperature
     logps = selective_log_softmax(logits, index)
-    return logps, entropy_from_logits(logits) if with_entropy else None
+    if not with_entropy:
+        return logps, None
+    with torch.no_grad():  # a logged metric: without this, backward keeps ~4x the logits alive for nothing
+        return logps, entropy_from_logits(logits.detach())

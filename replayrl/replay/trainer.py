@@ -143,7 +143,7 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
         process holds the same buffer."""
         if self.replay_buffer is None:
             return
-        rollout = Rollout.concat(micro_batches)
+        rollout = micro_batches[0] if len(micro_batches) == 1 else Rollout.concat(micro_batches)
         G = self.num_generations
         zero = algos.zero_std_groups(rollout.rewards, G, self.args.replay_zero_std_atol).tolist()
         candidates = []
@@ -152,7 +152,7 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
             if is_zero or bool(group.replayed.any()):
                 continue
             score = group_score(group.rewards.cpu(), group.advantages.cpu(), self.args.replay_score)
-            stored = group.with_(loss_weights=None).trim().to("cpu").clone()
+            stored = group.with_(loss_weights=None).trim().to("cpu")  # the buffer makes the one copy
             candidates.append((stored, score, int(group.policy_version[0])))
         for stored, score, version in _flatten(gather_object([candidates])):
             self.replay_buffer.add(stored, score, version)

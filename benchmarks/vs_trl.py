@@ -1,0 +1,167 @@
+"""replayrl's GRPOTrainer against TRL's GRPOTrainer: seconds per optimizer step and peak RSS, same everything.
+
+    python benchmarks/vs_trl.py            # tiny + larger, beta 0.04 and 0.0, 3 rounds
+    python benchmarks/vs_trl.py --quick    # smoke run: fewer steps, 2 rounds, beta 0.04 only
+    python benchmarks/vs_trl.py --configs vocab32k --betas 0.04 --output vs_trl_vocab32k   # a real-sized vocabulary
+
+TRL is never a dependency of replayrl: on first use this script creates `benchmarks/.venv-trl` (git-ignored) with
+`torch==<this environment's torch>` installed FIRST (so pip takes the local CPU wheel instead of pulling CUDA), then
+`trl==TRL_VERSION` with transformers, accelerate and datasets pinned to this environment's versions, so that only
+the trainer differs. Both sides load the same saved tiny model + tokenizer (`replayrl.tiny.save_tiny`) and the same
+prompt file, use the same reward stream and the GRPO settings of `common.GRPO_SETTINGS`, and run as separate worker
+processes (`grpo_worker.py`), alternating replayrl/TRL, TRL/replayrl, ... Each round is one fresh process per side;
+a side's figure is the median over its rounds of the per-run median step time, and the reported ratio is
+replayrl / TRL (< 1: replayrl is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    BENCH_DIR,
+    CONFIGS,
+    median,
+    prepare_assets,
+    print_table,
+    ratio,
+    remove_scratch,
+    run_worker,
+    summarize_run,
+    write_results,
+)
+
+TRL_VERSION = "1.16.0"  # newest TRL on PyPI when this was written; works with transformers 5.23
+TRL_VENV = BENCH_DIR / ".venv-trl"
+
+
+def pinned_requirements() -> list[str]:
+    """TRL plus this environment's transformers/accelerate/datasets versions (torch is installed separately)."""
+    pins = [f"trl=={TRL_VERSION}"]
+    for name in ("transformers", "accelerate", "datasets", "tokenizers"):
+        pins.append(f"{name}=={importlib.metadata.version(name)}")
+    return pins
+
+
+def ensure_trl_venv(venv: Path = TRL_VENV) -> Path:
+    """Create (once) the TRL virtualenv and return its python. A stamp file records what was installed."""
+    python = venv / "bin" / "python"
+    torch_pin = "torch==" + importlib.metadata.version("torch").split("+")[0]
+    wanted = "\n".join([torch_pin, *pinned_requirements()])
+    stamp = venv / "replayrl-bench-requirements.txt"
+    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
+        return python
+    print(f"creating {venv} with {wanted.replace(chr(10), ', ')} (one-off, about a minute)", flush=True)
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    # torch first: with torch already satisfied, installing trl cannot pull the multi-GB CUDA build.
+    subprocess.run([*pip, torch_pin], check=True)
+    subprocess.run([*pip, *pinned_requirements()], check=True)
+    subprocess.run([str(python), "-c", "import trl, torch; print('trl', trl.__version__, 'torch', torch.__version__)"])
+    stamp.write_text(wanted)
+    return python
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="smoke run: fewer steps, 2 rounds, beta 0.04 only")
+    p.add_argument("--configs", nargs="+", default=["tiny", "larger"], choices=sorted(CONFIGS))
+    p.add_argument("--betas", nargs="+", type=float, default=None, help="default: 0.04 0.0 (quick: 0.04)")
+    p.add_argument("--rounds", type=int, default=None, help="runs per side, alternating (default 3, quick 2)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker (1: stable on a shared CPU)")
+    p.add_argument("--trl-python", default=None, help="use this interpreter for TRL instead of .venv-trl")
+    p.add_argument("--output", default="vs_trl", help="results file name: benchmarks/results/<output>.json")
+    args = p.parse_args(argv)
+    betas = args.betas or ([0.04] if args.quick else [0.04, 0.0])
+    rounds = args.rounds or (2 if args.quick else 3)
+    trl_python = Path(args.trl_python) if args.trl_python else ensure_trl_venv()
+    sides = {"replayrl": Path(sys.executable), "trl": trl_python}
+
+    work = Path(tempfile.mkdtemp(prefix="replayrl-vs-trl-"))
+    rows, runs = [], []
+    for config in args.configs:
+        cfg = CONFIGS[config]
+        model_dir, data_file = prepare_assets(work, config)
+        steps = ["--warmup", str(cfg["quick_warmup" if args.quick else "warmup"])]
+        steps += ["--steps", str(cfg["quick_steps" if args.quick else "steps"])]
+        for beta in betas:
+            per_side: dict[str, list[dict]] = {"replayrl": [], "trl": []}
+            for r in range(rounds):
+                order = ["replayrl", "trl"] if r % 2 == 0 else ["trl", "replayrl"]
+                for impl in order:
+                    worker_args = ["--impl", impl, "--config", config, "--beta", str(beta), "--seed", str(r)]
+                    worker_args += ["--model-dir", str(model_dir), "--data-file", str(data_file), *steps]
+                    log = work / f"{config}-b{beta}-{impl}-r{r}.log"
+                    result = run_worker(sides[impl], worker_args, log, threads=args.threads)
+                    summary = summarize_run(result)
+                    per_side[impl].append(summary)
+                    runs.append(
+                        {"config": config, "beta": beta, "round": r, "impl": impl, "summary": summary, "result": result}
+                    )
+                    print(
+                        f"  {config} beta={beta} round {r} {impl:8s} {summary['step_s']:.4f} s/step "
+                        f"peak RSS {summary['peak_rss_mib']:.0f} MiB",
+                        flush=True,
+                    )
+            rows.append(compare_row(config, beta, per_side))
+    columns = ["config", "beta", "replayrl_s", "trl_s", "step_ratio", "replayrl_tok_s", "trl_tok_s"]
+    columns += ["replayrl_rss", "trl_rss", "rss_ratio", "replayrl_rss_growth", "trl_rss_growth"]
+    table = print_table(rows, columns, title="\nreplayrl vs TRL GRPOTrainer (ratio = replayrl / TRL; < 1 is faster)")
+    parts = parts_table(runs)
+    write_results(
+        args.output,
+        {
+            "trl_version": TRL_VERSION,
+            "requirements": pinned_requirements(),
+            "threads": args.threads,
+            "rounds": rounds,
+            "rows": rows,
+            "table": table,
+            "parts_table": parts,
+            "runs": runs,
+        },
+        quick=args.quick,
+    )
+    remove_scratch(work)
+
+
+def compare_row(config: str, beta: float, per_side: dict[str, list[dict]]) -> dict:
+    def side(impl: str, key: str) -> float:
+        return median(s[key] for s in per_side[impl] if key in s)
+
+    row = {"config": config, "beta": beta}
+    for impl in ("replayrl", "trl"):
+        row[f"{impl}_s"] = side(impl, "step_s")
+        row[f"{impl}_tok_s"] = side(impl, "tokens_per_s")
+        row[f"{impl}_rss"] = side(impl, "peak_rss_mib")
+        row[f"{impl}_rss_growth"] = side(impl, "rss_growth_mib")
+        row[f"{impl}_per_round_s"] = [s["step_s"] for s in per_side[impl]]
+    row["step_ratio"] = ratio(row["replayrl_s"], row["trl_s"])
+    row["rss_ratio"] = ratio(row["replayrl_rss"], row["trl_rss"])
+    return row
+
+
+def parts_table(runs: list[dict]) -> str:
+    """Median seconds per part of a step, per config/beta/side (medians over rounds)."""
+    parts = ["generation", "logps", "loss_fwd", "backward", "optimizer", "rewards", "other"]
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        groups.setdefault((run["config"], run["beta"], run["impl"]), []).append(run["summary"])
+    rows = []
+    for (config, beta, impl), summaries in groups.items():
+        row = {"config": config, "beta": beta, "impl": impl, "step_s": median(s["step_s"] for s in summaries)}
+        for part in parts:
+            row[part] = median(s.get(part, 0.0) for s in summaries)
+        rows.append(row)
+    return print_table(rows, ["config", "beta", "impl", "step_s", *parts], title="\nseconds per step, by part")
+
+
+if __name__ == "__main__":
+    main()
