@@ -84,7 +84,7 @@ class GRPOTrainer(Trainer):
         for name, ds in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
             _check_prompt_column(name, ds)
         self.reward_funcs = RewardFunctions(reward_funcs, reward_processing_classes, args.reward_weights)
-        self.ref_model = self._build_ref_model(model, model_id, args, peft_config is not None)
+        self.ref_model = self._build_ref_model(model, args, peft_config is not None)
 
         super().__init__(
             model=model,
@@ -122,7 +122,7 @@ class GRPOTrainer(Trainer):
         return GRPOConfig(output_dir=output_dir)
 
     @staticmethod
-    def _build_ref_model(model, model_id: str, args: GRPOConfig, is_peft: bool) -> PreTrainedModel | None:
+    def _build_ref_model(model, args: GRPOConfig, is_peft: bool) -> PreTrainedModel | None:
         """No reference when beta == 0 (saves memory and a forward pass); PEFT uses the base model with the
         adapter disabled; otherwise a frozen copy of the initial policy."""
         if args.beta == 0.0 or is_peft:
@@ -206,8 +206,9 @@ class GRPOTrainer(Trainer):
             [[{"role": "assistant", "content": t}] for t in texts_out] if is_conversational(prompts[0]) else texts_out
         )
         per_func = self.reward_funcs(prompts, completions, id_lists, columns, self.state, device)
-        rewards, advantages, all_rewards = self._advantages(per_func)
-        self._log_generation_metrics(mode, per_func, all_rewards, completion_mask, prompt_mask, truncated)
+        all_per_func = self.accelerator.gather(per_func)
+        rewards, advantages, all_rewards = self._advantages(all_per_func, len(inputs))
+        self._log_generation_metrics(mode, all_per_func, all_rewards, completion_mask, prompt_mask, truncated)
         if self.args.log_completions:
             self._last_completions = {"prompt": texts, "completion": texts_out, "reward": rewards.tolist()}
 
@@ -225,11 +226,10 @@ class GRPOTrainer(Trainer):
         )
         return self._add_logps(rollout, mode)
 
-    def _advantages(self, per_func: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Rewards (N,) and advantages (N,) of this process's rows, and all processes' rewards. Rewards are
-        gathered so that 'batch' scaling and the logged figures use the global batch; groups never straddle
-        processes, so 'group' scaling is the same either way."""
-        all_per_func = self.accelerator.gather(per_func)
+    def _advantages(self, all_per_func: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Rewards (n,) and advantages (n,) of this process's rows, and all processes' rewards, from every
+        process's scores (world * n, F). Gathered so that 'batch' scaling and the logged figures use the global
+        batch; groups never straddle processes, so 'group' scaling is the same either way."""
         all_rewards = self.reward_funcs.combine(all_per_func)
         if torch.isnan(all_rewards).all():
             raise ValueError(
@@ -239,7 +239,6 @@ class GRPOTrainer(Trainer):
         if torch.isnan(all_rewards).any():
             logger.warning("Some completions were scored by no reward function (all None); they get zero advantage.")
         all_advantages = algos.group_advantages(all_rewards, self.num_generations, self.args.scale_rewards)
-        n = per_func.shape[0]
         local = slice(self.accelerator.process_index * n, (self.accelerator.process_index + 1) * n)
         return all_rewards[local], all_advantages[local], all_rewards
 
@@ -358,12 +357,11 @@ class GRPOTrainer(Trainer):
         """Hook: more (sum, count) metrics from the loss pass."""
         return {}
 
-    def _log_generation_metrics(self, mode, per_func, all_rewards, completion_mask, prompt_mask, truncated) -> None:
+    def _log_generation_metrics(self, mode, all_per_func, all_rewards, completion_mask, prompt_mask, truncated):
         metrics = self._metrics[mode]
         lengths = self.accelerator.gather(completion_mask.sum(1)).float()
         tokens = self.accelerator.gather(completion_mask.sum() + prompt_mask.sum()).sum()
         all_truncated = self.accelerator.gather(truncated).float()
-        all_per_func = self.accelerator.gather(per_func)
         if mode == "train":
             self._total_tokens += int(tokens)
             metrics["num_tokens"] = [float(self._total_tokens)]

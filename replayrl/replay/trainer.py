@@ -104,16 +104,14 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
         n_local = zero.numel()
         rank = self.accelerator.process_index
         first_slot = int(all_zero[: rank * n_local].sum())
-        groups, replaced, local_picks = [], 0, []
+        groups, replaced = [], 0
         for g, is_zero in enumerate(zero.tolist()):
-            slot = first_slot + replaced if is_zero else None
-            if is_zero and slot < len(picks):
-                local_picks.append(picks[slot])
-                groups.append(self._as_replayed(picks[slot].rollout, rollout))
+            if is_zero and first_slot + replaced < len(picks):
+                groups.append(self._as_replayed(picks[first_slot + replaced].rollout, rollout))
                 replaced += 1
             else:
                 groups.append(rollout.rows(slice(g * G, (g + 1) * G)))
-        self._log_replacement(all_zero, picks, local_picks)
+        self._log_replacement(all_zero, picks)
         return Rollout.concat(groups, pad_token_id=self.generation_config.pad_token_id) if replaced else rollout
 
     def _as_replayed(self, stored: Rollout, like: Rollout) -> Rollout:
@@ -123,7 +121,7 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
             raise RuntimeError("A buffered group lacks reference log-probs although beta > 0.")
         return group.with_(replayed=torch.ones_like(group.replayed))
 
-    def _log_replacement(self, all_zero: Tensor, picks: list, local_picks: list) -> None:
+    def _log_replacement(self, all_zero: Tensor, picks: list) -> None:
         m = self._metrics["train"]
         n_zero = int(all_zero.sum())
         m["replay/buffer_size"].append(float(len(self.replay_buffer)))
@@ -172,11 +170,11 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
         if self.replay_buffer is None:
             return {}
         replayed = mask & batch.replayed.unsqueeze(1)
-        r = torch.exp(logps.detach().float() - behaviour.float())
+        log_ratio = (logps.detach().float() - behaviour.float())[replayed]
         count = replayed.sum()
         return {
-            "replay/importance_ratio_mean": (r[replayed].sum(), count),
-            "replay/importance_ratio_abs_log_mean": (r[replayed].log().abs().sum(), count),
+            "replay/importance_ratio_mean": (log_ratio.exp().sum(), count),
+            "replay/importance_ratio_abs_log_mean": (log_ratio.abs().sum(), count),
         }
 
     # ------------------------------------------------------------------ checkpoints
