@@ -5,7 +5,7 @@
   the token log-probs and, under `no_grad`, the entropy; the division by the temperature is skipped at 1.0.
   Today the loss pass runs a per-row logsumexp for the log-probs and a second chunked log_softmax for the
   entropy on logits that require grad, so autograd saves ~4x the logits for a metric.
-- `lean_generate` (replaces `replayrl.trainer.generate_completions`): a minimal KV-cache sampling loop that drops
+- `lean_generate` (replaces `replayrl.grpo.trainer.generate_completions`): a minimal KV-cache sampling loop that drops
   rows from the batch (and the cache) once they have produced EOS, instead of `model.generate`, which computes
   finished rows until the longest one ends. Supports temperature sampling without top-k/top-p/min-p/penalties.
 """
@@ -34,11 +34,11 @@ def token_logps_and_entropy(logits, index, temperature: float, with_entropy: boo
 
 
 def lean_generate_completions(model, prompt_ids, prompt_mask, generation_config):
-    """Drop-in for `replayrl.rollout.generate_completions` (same outputs), restricted to plain temperature sampling."""
+    """Drop-in for `replayrl.generation.hf.generate_completions` (same outputs), plain temperature sampling only."""
     import torch
     from transformers import DynamicCache
 
-    from replayrl.rollout import completion_mask_from_eos
+    from replayrl.generation.hf import completion_mask_from_eos
 
     gc = generation_config
     if (gc.top_k or 0) > 0 or (gc.top_p or 1.0) < 1.0 or gc.min_p or (gc.repetition_penalty or 1.0) != 1.0:
@@ -82,12 +82,12 @@ def lean_generate_completions(model, prompt_ids, prompt_mask, generation_config)
 def apply(names: list[str]) -> None:
     """Patch the named candidates into replayrl (call before building the trainer)."""
     import replayrl.algos
-    import replayrl.trainer
+    import replayrl.grpo.trainer
 
     for name in names:
         if name == "shared_logsoftmax":
             replayrl.algos.token_logps_and_entropy = token_logps_and_entropy
         elif name == "lean_generate":
-            replayrl.trainer.generate_completions = lean_generate_completions
+            replayrl.grpo.trainer.generate_completions = lean_generate_completions
         else:
             raise ValueError(f"unknown candidate {name!r}; expected one of {CANDIDATES}")

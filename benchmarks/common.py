@@ -291,7 +291,7 @@ def remove_scratch(work: Path) -> None:
 def prepare_assets(work_dir: Path, config_name: str, num_prompts: int = 512) -> tuple[Path, Path]:
     """Save the config's tiny model + tokenizer and a prompt file (JSON lines) under `work_dir`; reused if present.
     Needs replayrl (runs in the main environment); both libraries then load exactly these files."""
-    from replayrl.tiny import prompt_dataset, save_tiny
+    from replayrl.models.tiny import prompt_dataset, save_tiny
 
     cfg = CONFIGS[config_name]
     model_dir = work_dir / f"model-{config_name}"

@@ -146,9 +146,9 @@ def run(args: argparse.Namespace) -> None:
 
         candidates.apply(args.candidate)
         if "lean_generate" in args.candidate:  # it bypasses model.generate: time the patched function instead
-            import replayrl.trainer
+            import replayrl.grpo.trainer
 
-            timer.wrap(replayrl.trainer, "generate_completions", "generation")
+            timer.wrap(replayrl.grpo.trainer, "generate_completions", "generation")
     trainer = build_trainer(args, custom_reward_func, device_cpu=not cuda)
     instrument(trainer, timer, args.impl)
     trainer.add_callback(timer.callback())

@@ -144,7 +144,7 @@ def replay_store_candidates(rows: int, prompt_width: int, width: int):
     """Store one group as `_after_first_pass` + `ReplayBuffer.add` do (trim/cpu/clone twice) vs once."""
     import torch
 
-    from replayrl.batch import Rollout
+    from replayrl.grpo.rollout import Rollout
     from replayrl.replay.buffer import ReplayBuffer
 
     gen = torch.Generator().manual_seed(0)
@@ -200,8 +200,8 @@ def real_batches(model_dir: Path, config: str, seeds=(0, 1, 2, 3)):
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    from replayrl.rollout import generate_completions
-    from replayrl.tiny import build_tokenizer, prompt_dataset
+    from replayrl.generation.hf import generate_completions
+    from replayrl.models.tiny import build_tokenizer, prompt_dataset
 
     cfg = CONFIGS[config]
     tok = build_tokenizer()
@@ -288,7 +288,7 @@ def lean_sampler(model, pids, pmask, max_new_tokens: int, eos: int, pad: int, dr
 def micro_benchmarks(quick: bool, model_dir: Path, config: str) -> list[dict]:
     import torch
 
-    from replayrl.rollout import generate_completions
+    from replayrl.generation.hf import generate_completions
 
     torch.set_num_threads(1)
     repeats, rows = (3 if quick else 7), []

@@ -4,7 +4,7 @@ GRPO with and without the replay buffer, over several seeds.
     python benchmarks/sample_efficiency.py            # 3 seeds x {GRPO, GRPO + replay}, the default job's steps
     python benchmarks/sample_efficiency.py --quick    # smoke run: 1 seed, 20 steps
 
-Task: `replayrl.default_task` (the built-in default job): single-digit addition "a+b=" (80 training prompts, 20
+Task: `replayrl.tasks.addition` (the built-in default job): single-digit addition "a+b=" (80 training prompts, 20
 held out), 0/1 exact-match reward, a tiny Qwen2 warmed up on a noisy teacher so that it starts right about a
 quarter of the time. Both arms use the same seeds, the same warmed-up model per seed and the job's GRPO settings
 (`default_task.DEFAULT_CONFIG`, its own evaluation and checkpointing switched off); the replay arm keeps the job's
@@ -54,7 +54,7 @@ def run_arm(arm: str, seed: int, base_model, tokenizer, steps: int, eval_every: 
     from transformers import PrinterCallback, TrainerCallback
 
     from replayrl import GRPOConfig, GRPOTrainer, GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
-    from replayrl.default_task import DEFAULT_CONFIG, task_datasets, task_reward
+    from replayrl.tasks.addition import DEFAULT_CONFIG, task_datasets, task_reward
 
     own_eval = ("save_", "logging_", "eval_", "per_device_eval_")  # the job's evaluation/checkpoints: ours instead
     settings = {k: v for k, v in DEFAULT_CONFIG.items() if not k.startswith(own_eval)}
@@ -232,7 +232,7 @@ def main(argv=None) -> None:
     import torch
     import transformers
 
-    from replayrl.default_task import DEFAULT_CONFIG, build_default_model
+    from replayrl.tasks.addition import DEFAULT_CONFIG, build_default_model
 
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(args.threads)

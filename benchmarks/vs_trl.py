@@ -7,10 +7,10 @@
 TRL is never a dependency of replayrl: on first use this script creates `benchmarks/.venv-trl` (git-ignored) with
 `torch==<this environment's torch>` installed FIRST (so pip takes the local CPU wheel instead of pulling CUDA), then
 `trl==TRL_VERSION` with transformers, accelerate and datasets pinned to this environment's versions, so that only
-the trainer differs. Both sides load the same saved tiny model + tokenizer (`replayrl.tiny.save_tiny`) and the same
-prompt file, use the same reward stream and the GRPO settings of `common.GRPO_SETTINGS`, and run as separate worker
-processes (`grpo_worker.py`), alternating replayrl/TRL, TRL/replayrl, ... Each round is one fresh process per side;
-a side's figure is the median over its rounds of the per-run median step time, and the reported ratio is
+the trainer differs. Both sides load the same saved tiny model + tokenizer (`replayrl.models.tiny.save_tiny`) and
+the same prompt file, use the same reward stream and the GRPO settings of `common.GRPO_SETTINGS`, and run as separate
+worker processes (`grpo_worker.py`), alternating replayrl/TRL, TRL/replayrl, ... Each round is one fresh process per
+side; a side's figure is the median over its rounds of the per-run median step time, and the reported ratio is
 replayrl / TRL (< 1: replayrl is faster).
 """
 

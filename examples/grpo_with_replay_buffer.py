@@ -7,7 +7,7 @@ import tempfile
 import torch
 
 from replayrl import GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
-from replayrl.tiny import prompt_dataset, save_tiny
+from replayrl.models.tiny import prompt_dataset, save_tiny
 
 dataset = prompt_dataset(32)  # was: load_dataset("trl-internal-testing/zen", "standard_prompt_only", split="train")
 model_path = save_tiny(tempfile.mkdtemp())  # was: "trl-internal-testing/tiny-Qwen2ForCausalLM-2.5"

@@ -1,8 +1,19 @@
-"""replayrl: GRPO with a replay buffer, done right. TRL-compatible trainers for RL post-training of LMs."""
+"""replayrl: GRPO with a replay buffer, done right. TRL-compatible trainers for RL post-training of LMs.
 
-from replayrl.config import GRPOConfig
-from replayrl.replay import GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer, ReplayBuffer
-from replayrl.trainer import GRPOTrainer
+The public API is lazy (PEP 562): `import replayrl` imports neither torch nor transformers; each name below
+is imported on first use, so `from replayrl import GRPOTrainer` costs what that trainer needs, no more.
+"""
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "GRPOWithReplayBufferConfig", "GRPOWithReplayBufferTrainer", "ReplayBuffer"]
+from replayrl._lazy import lazy_exports
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "GRPOConfig": "replayrl.grpo.config",
+    "GRPOTrainer": "replayrl.grpo.trainer",
+    "GRPOWithReplayBufferConfig": "replayrl.replay.config",
+    "GRPOWithReplayBufferTrainer": "replayrl.replay.trainer",
+    "ReplayBuffer": "replayrl.replay.buffer",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -9,7 +9,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from replayrl.tiny import build_tiny_model, build_tokenizer, prompt_dataset, save_tiny  # noqa: E402
+from replayrl.models.tiny import build_tiny_model, build_tokenizer, prompt_dataset, save_tiny  # noqa: E402
 
 torch.set_num_threads(2)
 

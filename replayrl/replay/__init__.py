@@ -1,6 +1,13 @@
-"""The replay buffer and the GRPO trainer that uses it."""
+"""The replay buffer (plain torch) and the GRPO trainer that uses it."""
 
-from replayrl.replay.buffer import ReplayBuffer, ReplayGroup, group_score
-from replayrl.replay.trainer import GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
+from replayrl._lazy import lazy_exports
 
-__all__ = ["GRPOWithReplayBufferConfig", "GRPOWithReplayBufferTrainer", "ReplayBuffer", "ReplayGroup", "group_score"]
+_EXPORTS = {
+    "ReplayBuffer": "replayrl.replay.buffer",
+    "ReplayGroup": "replayrl.replay.buffer",
+    "group_score": "replayrl.replay.buffer",
+    "GRPOWithReplayBufferConfig": "replayrl.replay.config",
+    "GRPOWithReplayBufferTrainer": "replayrl.replay.trainer",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from replayrl.algos import group_std
-from replayrl.batch import Rollout
+from replayrl.grpo.rollout import Rollout
 
 ReplayScore = Literal["adv_std", "variance", "uniform"]
 

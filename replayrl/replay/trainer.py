@@ -10,61 +10,15 @@ group is trained as the off-policy data it is: the PPO ratio is taken against th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
-
 import torch
 from accelerate.utils import gather_object
 from torch import Tensor
 
 from replayrl import algos
-from replayrl.batch import Rollout
-from replayrl.config import GRPOConfig
+from replayrl.grpo.rollout import Rollout
+from replayrl.grpo.trainer import GRPOTrainer
 from replayrl.replay.buffer import ReplayBuffer, group_score
-from replayrl.trainer import GRPOTrainer
-
-
-@dataclass
-class GRPOWithReplayBufferConfig(GRPOConfig):
-    """[`GRPOConfig`] plus the replay buffer's knobs."""
-
-    replay_buffer_size: int = field(
-        default=64,
-        metadata={"help": "Groups kept in the replay buffer. 0 disables the buffer (plain GRPO)."},
-    )
-    replay_score: Literal["adv_std", "variance", "uniform"] = field(
-        default="adv_std",
-        metadata={"help": "Group priority: 'adv_std' (sum|A|*std, TRL), 'variance' (p(1-p) for 0/1), 'uniform'."},
-    )
-    replay_zero_std_atol: float = field(
-        default=1e-6, metadata={"help": "A group is zero-std when max(r) - min(r) <= this tolerance."}
-    )
-    replay_max_age: int | None = field(
-        default=None, metadata={"help": "Evict groups generated more than this many optimizer steps ago."}
-    )
-    replay_max_reuse: int | None = field(
-        default=None, metadata={"help": "Evict a group after it has been replayed this many times."}
-    )
-    replay_importance_cap: float | None = field(
-        default=None,
-        metadata={
-            "help": "If set, replayed rows use the decoupled objective: ratio against the current policy, times "
-            "a truncated importance weight min(pi/mu, cap) (arXiv:2110.00641). Default: ratio against mu."
-        },
-    )
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.replay_buffer_size < 0:
-            raise ValueError(f"replay_buffer_size must be >= 0 (got {self.replay_buffer_size}); 0 disables it.")
-        if self.replay_score not in ("adv_std", "variance", "uniform"):
-            raise ValueError(f"replay_score must be 'adv_std', 'variance' or 'uniform' (got {self.replay_score!r}).")
-        for name in ("replay_max_age", "replay_max_reuse"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 or None (got {value}).")
-        if self.replay_importance_cap is not None and self.replay_importance_cap <= 0:
-            raise ValueError(f"replay_importance_cap must be > 0 (got {self.replay_importance_cap}).")
+from replayrl.replay.config import GRPOWithReplayBufferConfig
 
 
 class GRPOWithReplayBufferTrainer(GRPOTrainer):

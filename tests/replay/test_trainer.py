@@ -3,12 +3,12 @@ actually reached the loss."""
 
 import pytest
 import torch
-from conftest import tiny_args
+from tests.conftest import tiny_args
 from transformers import TrainerCallback
 
 from replayrl import GRPOTrainer, GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
 from replayrl.algos import zero_std_groups
-from replayrl.tiny import build_tiny_model
+from replayrl.models.tiny import build_tiny_model
 
 
 def task_reward(completions, task, **kwargs):
@@ -221,7 +221,7 @@ def test_seed_usage_example_runs_as_written(tmp_path, capsys):
     import sys
     from pathlib import Path
 
-    example = Path(__file__).parents[1] / "examples" / "grpo_with_replay_buffer.py"
+    example = Path(__file__).parents[2] / "examples" / "grpo_with_replay_buffer.py"
     argv = sys.argv
     sys.argv = [str(example), str(tmp_path / "out")]
     try:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from replayrl.tiny import (
+from replayrl.models.tiny import (
     build_tiny_model,
     build_tiny_sequence_classifier,
     build_tokenizer,

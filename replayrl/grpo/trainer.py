@@ -29,18 +29,15 @@ from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallbac
 from transformers.trainer_utils import get_last_checkpoint
 
 from replayrl import algos
-from replayrl.batch import Rollout
-from replayrl.config import GRPOConfig
-from replayrl.models import SyncRefModelCallback, load_causal_lm
-from replayrl.rewards import RewardFunctions
-from replayrl.rollout import (
-    build_generation_config,
-    generate_completions,
-    is_conversational,
-    prompts_to_text,
-    tokenize_prompts,
-)
-from replayrl.sampler import RepeatSampler
+from replayrl.data.prompts import is_conversational, prompts_to_text, tokenize_prompts
+from replayrl.generation.hf import build_generation_config, generate_completions
+from replayrl.grpo.config import GRPOConfig
+from replayrl.grpo.rollout import Rollout
+from replayrl.grpo.sampler import RepeatSampler
+from replayrl.metrics.callback import attach_metrics_file
+from replayrl.models.loading import load_causal_lm
+from replayrl.models.reference import SyncRefModelCallback
+from replayrl.rewards.functions import RewardFunctions
 
 logger = logging.getLogger(__name__)
 EXTRA_STATE_NAME = "replayrl_state_rank{rank}.pt"
@@ -112,6 +109,7 @@ class GRPOTrainer(Trainer):
             self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
         for reward_model in self.reward_funcs.models():
             reward_model.to(self.accelerator.device).eval()
+        attach_metrics_file(self)
         if args.sync_ref_model:
             if self.ref_model is None:
                 raise ValueError("sync_ref_model=True needs a reference model: set beta > 0 and do not use PEFT.")

@@ -1,9 +1,9 @@
-"""Loading the policy, and TR-DPO's reference-model sync."""
+"""Loading models by name, local path or object."""
 
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel, TrainerCallback
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 
 def load_causal_lm(model: str | PreTrainedModel, init_kwargs: dict | None) -> PreTrainedModel:
@@ -23,19 +23,3 @@ def load_causal_lm(model: str | PreTrainedModel, init_kwargs: dict | None) -> Pr
             f"Could not load model {model!r}: it is not a local directory with a saved model and could not be "
             f"fetched from the Hub ({err}). Pass a path written by `save_pretrained` or a model object."
         ) from err
-
-
-class SyncRefModelCallback(TrainerCallback):
-    """TR-DPO (arXiv:2404.09656): every `ref_model_sync_steps`, ref <- alpha * policy + (1 - alpha) * ref."""
-
-    def __init__(self, trainer):
-        self.trainer = trainer
-
-    @torch.no_grad()
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % args.ref_model_sync_steps != 0:
-            return
-        unwrap = self.trainer.accelerator.unwrap_model
-        alpha = args.ref_model_mixup_alpha
-        for ref, pol in zip(unwrap(self.trainer.ref_model).parameters(), unwrap(self.trainer.model).parameters()):
-            ref.mul_(1 - alpha).add_(pol.detach(), alpha=alpha)

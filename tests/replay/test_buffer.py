@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from replayrl.batch import Rollout
+from replayrl.grpo.rollout import Rollout
 from replayrl.replay import ReplayBuffer, group_score
 
 

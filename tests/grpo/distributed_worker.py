@@ -13,7 +13,7 @@ import torch
 from accelerate.utils import gather_object
 
 from replayrl import GRPOConfig, GRPOTrainer, GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
-from replayrl.tiny import build_tiny_model, build_tokenizer, prompt_dataset
+from replayrl.models.tiny import build_tiny_model, build_tokenizer, prompt_dataset
 
 
 def varied_reward(completions, **kwargs):

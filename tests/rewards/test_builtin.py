@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from replayrl.builtin_rewards import (
+from replayrl.rewards.builtin import (
     BUILTIN_REWARDS,
     answers_match,
     boxed_match,
@@ -232,7 +232,7 @@ def test_get_reward_regex_keeps_colons_in_pattern():
 
 
 def test_get_reward_import_path():
-    assert get_reward("replayrl.builtin_rewards:boxed_match") is boxed_match
+    assert get_reward("replayrl.rewards.builtin:boxed_match") is boxed_match
     assert get_reward("os.path:join") is not None
 
 
@@ -249,9 +249,9 @@ def test_get_reward_import_path():
         ("regex:(", "invalid regex pattern"),
         ("boxed:1", "takes no argument"),
         ("no_such_module_xyz:fn", "cannot import module 'no_such_module_xyz'"),
-        ("replayrl.builtin_rewards:nope", "has no attribute 'nope'"),
-        ("replayrl.builtin_rewards:BUILTIN_REWARDS", "not callable"),
-        ("replayrl.builtin_rewards:", "unknown reward"),
+        ("replayrl.rewards.builtin:nope", "has no attribute 'nope'"),
+        ("replayrl.rewards.builtin:BUILTIN_REWARDS", "not callable"),
+        ("replayrl.rewards.builtin:", "unknown reward"),
     ],
 )
 def test_get_reward_errors(spec, message):

@@ -5,7 +5,7 @@ Task: single-digit addition. Prompts are "7+5=" (80 of the 100 pairs for trainin
 evaluation); a completion is the sum followed by end-of-text. The reward is verifiable and binary: 1.0 if the
 completion is exactly the sum, else 0.0 (`exact_match` against the `answer` column).
 
-Policy: a tiny Qwen2 from `replayrl.tiny` (character tokenizer, random weights, 130k parameters), given a few
+Policy: a tiny Qwen2 from `replayrl.models.tiny` (character tokenizer, random weights, 130k parameters), given a few
 seconds of supervised warm-up on a *noisy teacher*: for every one of the 100 prompts the teacher writes
 WARMUP_SAMPLES answers, of which only 1 to 3 are the true sum and the rest near misses (sum +-1, +-2). The
 warmed-up policy knows the format and proposes plausible numbers but is right only about a quarter of the
@@ -34,8 +34,8 @@ import torch
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from replayrl.builtin_rewards import RewardFunc, exact_match
-from replayrl.tiny import build_tiny_model, build_tokenizer
+from replayrl.models.tiny import build_tiny_model, build_tokenizer
+from replayrl.rewards.builtin import RewardFunc, exact_match
 
 TASK_DESCRIPTION = "single-digit addition a+b=, 0/1 exact-match reward, tiny Qwen2 warmed up on a noisy teacher"
 MODEL_KWARGS = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}

@@ -1,7 +1,4 @@
-"""The `replayrl` command line (also `python -m replayrl`).
-
-    replayrl grpo [--config recipe.yaml] [--<field> value ...]   train with GRPO + replay buffer, plot, summarise
-    replayrl plot RUN_DIR [--output file.png]                     re-draw a run's plot from its metrics.jsonl
+"""`replayrl grpo [--config recipe.yaml] [--<field> value ...]`: train with GRPO + replay buffer, plot, summarise.
 
 `replayrl grpo` takes every `GRPOWithReplayBufferConfig` field (so every `transformers.TrainingArguments` field
 too) as a flag, plus the `ScriptArguments` below. Each value comes from the highest of, lowest first:
@@ -16,42 +13,32 @@ Bad input (unknown flag or key, bad value, missing file, bad reward spec, invali
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import datasets
-import yaml
-from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from datasets import Dataset
 from transformers import HfArgumentParser
 
-from replayrl import __version__, default_task
-from replayrl.builtin_rewards import RewardFunc, get_reward
-from replayrl.plotting import METRICS_FILE, MetricsFileCallback, plot_run, read_metrics, summary_lines
+from replayrl.cli.common import (
+    PROG,
+    ArgParser,
+    CLIError,
+    HelpFormatter,
+    RaisingParserMixin,
+    load_any_dataset,
+    load_recipe,
+    quiet_datasets,
+    set_defaults,
+)
+from replayrl.cli.common import help_text as _help
+from replayrl.metrics import METRICS_FILE, read_metrics, summary_lines
+from replayrl.metrics.plot import plot_run
 from replayrl.replay import GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
-
-PROG = "replayrl"
-USAGE = f"""usage: {PROG} <command> [options]
-
-commands:
-  grpo    train a model with GRPO and a replay buffer; with no model and no dataset, runs the built-in
-          default job ({default_task.TASK_DESCRIPTION})
-  plot    re-draw the plot of a run directory from its {METRICS_FILE}
-
-`{PROG} <command> --help` lists a command's options; `{PROG} --version` prints the version."""
-FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
-
-
-class CLIError(Exception):
-    """Bad user input: reported as one line on stderr, exit status 2."""
-
-
-def _help(text: str) -> dict:
-    return {"help": text}
+from replayrl.rewards.builtin import RewardFunc, get_reward
+from replayrl.tasks import addition as default_task
 
 
 @dataclass
@@ -93,62 +80,8 @@ class ScriptArguments:
     )
 
 
-class _RaisingParserMixin:
-    def error(self, message: str):
-        # argparse would print the usage block and exit; one line (printed by main) is easier to read.
-        raise CLIError(message)
-
-
-class _ArgParser(_RaisingParserMixin, argparse.ArgumentParser):
+class _GRPOParser(RaisingParserMixin, HfArgumentParser):
     pass
-
-
-class _GRPOParser(_RaisingParserMixin, HfArgumentParser):
-    pass
-
-
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    def _format_action_invocation(self, action: argparse.Action) -> str:
-        # Show `--flag_name VALUE` once; HfArgumentParser's `--flag-name` alias works too but doubles every line.
-        if not action.option_strings:
-            return super()._format_action_invocation(action)
-        names = ", ".join(s for s in action.option_strings if "-" not in s.lstrip("-")) or action.option_strings[0]
-        if action.nargs == 0:
-            return names
-        return f"{names} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `replayrl` console script; returns the exit status."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        return _dispatch(argv)
-    except CLIError as err:
-        print(f"{PROG}: error: {_one_line(str(err))}", file=sys.stderr)
-        return 2
-    except SystemExit as exit_:  # argparse's --help
-        return exit_.code if isinstance(exit_.code, int) else 0
-
-
-def _dispatch(argv: list[str]) -> int:
-    if not argv:
-        raise CLIError(f"missing command: grpo or plot (see `{PROG} --help`)")
-    command, rest = argv[0], argv[1:]
-    if command in ("-h", "--help"):
-        print(USAGE)
-        return 0
-    if command == "--version":
-        print(f"{PROG} {__version__}")
-        return 0
-    if command == "grpo":
-        return grpo_command(rest)
-    if command == "plot":
-        return plot_command(rest)
-    raise CLIError(f"unknown command {command!r}: expected grpo or plot (see `{PROG} --help`)")
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 # ---------------------------------------------------------------------------------------------- arguments
@@ -173,7 +106,7 @@ def build_grpo_parser() -> _GRPOParser:
         usage=f"{PROG} grpo [-h] [--config RECIPE.yaml] [--<flag> VALUE ...]",
         description=description,
         epilog=epilog,
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
         allow_abbrev=False,  # with ~200 flags, prefix matching would turn typos into other flags
     )
     # Under "options" only -h; then the script arguments; then the config's ~200 fields under a title of their own.
@@ -194,8 +127,8 @@ def parse_grpo_args(argv: list[str]) -> tuple[ScriptArguments, GRPOWithReplayBuf
     dataset = pre.dataset_name or recipe.get("dataset_name")
     if model is None and dataset is None:
         defaults.update(default_task.DEFAULT_CONFIG)
-    _set_defaults(parser, defaults, "built-in defaults")
-    _set_defaults(parser, recipe, pre.config)
+    set_defaults(parser, defaults, "built-in defaults")
+    set_defaults(parser, recipe, pre.config)
     try:
         script, config, remaining = parser.parse_args_into_dataclasses(
             argv, return_remaining_strings=True, look_for_args_file=False
@@ -209,99 +142,10 @@ def parse_grpo_args(argv: list[str]) -> tuple[ScriptArguments, GRPOWithReplayBuf
 
 def _preparse(argv: list[str]) -> argparse.Namespace:
     """The few values that decide the defaults: --config, --model_name_or_path, --dataset_name."""
-    pre = _ArgParser(add_help=False, allow_abbrev=False)
+    pre = ArgParser(add_help=False, allow_abbrev=False)
     for name in ("config", "model_name_or_path", "dataset_name"):
         pre.add_argument(f"--{name}", f"--{name.replace('_', '-')}", dest=name)
     return pre.parse_known_args(argv)[0]
-
-
-def load_recipe(path: str) -> dict[str, Any]:
-    """A recipe YAML as {flag name: value}; dashes in keys read as underscores."""
-    file = Path(path)
-    if not file.is_file():
-        raise CLIError(f"recipe file not found: {path}")
-    try:
-        data = yaml.safe_load(file.read_text())
-    except yaml.YAMLError as err:
-        raise CLIError(f"cannot parse recipe {path}: {err}") from err
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise CLIError(f"recipe {path} must be a mapping of flag names to values, got {type(data).__name__}")
-    return {str(key).replace("-", "_"): value for key, value in data.items()}
-
-
-def _set_defaults(parser: argparse.ArgumentParser, values: dict[str, Any], source: str) -> None:
-    """Make `values` the parser's defaults (so flags still override them), typed as if given as flags."""
-    actions = {a.dest: a for a in parser._actions if a.dest != "help"}
-    converted = {}
-    for key, value in values.items():
-        if key not in actions:
-            raise CLIError(f"{source}: unknown key {key!r}; keys are `{PROG} grpo` flag names (see --help)")
-        converted[key] = _convert(actions[key], value, f"{source}: {key}")
-    parser.set_defaults(**converted)
-
-
-def _convert(action: argparse.Action, value: Any, where: str) -> Any:
-    """Apply the flag's type to a YAML value: PyYAML reads `1e-6` as a string and `[a, b]` as a list."""
-    if value is None or action.type is None:
-        return value
-    if action.nargs == "+":
-        return [_convert_one(action, v, where) for v in (value if isinstance(value, list) else [value])]
-    return _convert_one(action, value, where)
-
-
-def _convert_one(action: argparse.Action, value: Any, where: str) -> Any:
-    if isinstance(value, str):
-        try:
-            value = action.type(value)
-        except (ValueError, TypeError, argparse.ArgumentTypeError) as err:
-            raise CLIError(f"{where}: invalid value {value!r} ({err})") from err
-    if action.choices is not None and value not in action.choices:
-        raise CLIError(f"{where}: invalid choice {value!r} (choose from {', '.join(map(str, action.choices))})")
-    return value
-
-
-# ---------------------------------------------------------------------------------------------- data and rewards
-def load_prompt_dataset(name: str, config_name: str | None, split: str) -> Dataset:
-    """One split of a hub dataset, a save_to_disk folder, a data folder or a single data file."""
-    path = Path(name).expanduser()
-    builder = FILE_BUILDERS.get(path.suffix.lower())
-    if builder and not path.is_file():
-        raise CLIError(f"dataset file not found: {name}")
-    try:
-        if builder:  # one file is one split, whatever it is called
-            with _quiet_datasets():
-                return load_dataset(builder, data_files={split: str(path)}, split=split)
-        if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
-            return _pick_split(load_from_disk(str(path)), split, name)
-        # hub datasets keep their progress bars: downloads can take a while
-        with _quiet_datasets() if path.is_dir() else nullcontext():
-            return load_dataset(name, config_name, split=split)
-    except CLIError:
-        raise
-    except Exception as err:  # loaders raise many types: DatasetNotFoundError, ConnectionError, ValueError, ...
-        raise CLIError(f"could not load split {split!r} of dataset {name!r}: {err}") from err
-
-
-@contextmanager
-def _quiet_datasets() -> Iterator[None]:
-    """No progress bars from `datasets` for instant local work (they would also precede a one-line error)."""
-    was_disabled = datasets.are_progress_bars_disabled()
-    datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        if not was_disabled:
-            datasets.enable_progress_bars()
-
-
-def _pick_split(data: Dataset | DatasetDict, split: str, name: str) -> Dataset:
-    if isinstance(data, Dataset):
-        return data
-    if split not in data:
-        raise CLIError(f"dataset {name!r} has no split {split!r} (splits: {', '.join(data)})")
-    return data[split]
 
 
 def prepare_prompts(dataset: Dataset, prompt_column: str, system_prompt: str | None) -> Dataset:
@@ -321,7 +165,7 @@ def prepare_prompts(dataset: Dataset, prompt_column: str, system_prompt: str | N
         turns = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
         return {"prompt": [{"role": "system", "content": system_prompt}, *turns]}
 
-    with _quiet_datasets():
+    with quiet_datasets():
         return dataset.map(to_chat)
 
 
@@ -348,7 +192,7 @@ def _datasets(script: ScriptArguments, config: GRPOWithReplayBufferConfig) -> tu
     if evaluating and not script.dataset_test_split:
         raise CLIError("evaluation is on (--eval_strategy / --eval_on_start) but no --dataset_test_split is given")
     load = [script.dataset_split] + ([script.dataset_test_split] if script.dataset_test_split else [])
-    loaded = [load_prompt_dataset(script.dataset_name, script.dataset_config, split) for split in load]
+    loaded = [load_any_dataset(script.dataset_name, script.dataset_config, split) for split in load]
     prepared = [prepare_prompts(ds, script.prompt_column, script.system_prompt) for ds in loaded]
     return prepared[0], prepared[1] if len(prepared) > 1 else None
 
@@ -371,7 +215,6 @@ def build_trainer(script: ScriptArguments, config: GRPOWithReplayBufferConfig) -
             train_dataset=train,
             eval_dataset=evaluation,
             processing_class=tokenizer,
-            callbacks=[MetricsFileCallback(Path(config.output_dir) / METRICS_FILE)],
         )
     except (ValueError, OSError) as err:  # model or tokenizer not found, reward_weights mismatch, ...
         raise CLIError(str(err)) from err
@@ -387,7 +230,7 @@ def _describe(script: ScriptArguments, config: GRPOWithReplayBufferConfig) -> st
     return f"{PROG} grpo: {job}; {buffer}; output_dir {config.output_dir}"
 
 
-def grpo_command(argv: list[str]) -> int:
+def run(argv: list[str]) -> int:
     start = time.perf_counter()
     script, config = parse_grpo_args(argv)
     # The built-in model is tiny: one torch thread is faster (see default_task.one_thread).
@@ -415,21 +258,3 @@ def _print_summary(config: GRPOWithReplayBufferConfig, steps: int, seconds: floa
     print(f"  plot: {plot}  (re-draw: {PROG} plot {out})")
     if checkpoints:
         print(f"  last checkpoint: {checkpoints[-1]}")
-
-
-# ---------------------------------------------------------------------------------------------- plot command
-def plot_command(argv: list[str]) -> int:
-    parser = _ArgParser(
-        prog=f"{PROG} plot",
-        description=f"Re-draw RUN_DIR/training.png from RUN_DIR/{METRICS_FILE}.",
-        allow_abbrev=False,
-    )
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="output_dir of a `replayrl grpo` run")
-    parser.add_argument("--output", default=None, help="where to write the PNG (default: RUN_DIR/training.png)")
-    args = parser.parse_args(argv)
-    try:
-        path = plot_run(args.run_dir, args.output)
-    except FileNotFoundError as err:
-        raise CLIError(str(err)) from err
-    print(f"wrote {path}")
-    return 0

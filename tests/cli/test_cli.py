@@ -13,12 +13,16 @@ import torch
 from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerControl, TrainerState, TrainingArguments
 
-from replayrl import default_task
-from replayrl.cli import CLIError, load_prompt_dataset, main, parse_grpo_args, prepare_prompts
-from replayrl.plotting import METRICS_FILE, PLOT_FILE, MetricsFileCallback, read_metrics
-from replayrl.tiny import build_tiny_model, build_tokenizer, save_tiny
+from replayrl.cli import main
+from replayrl.cli.common import CLIError
+from replayrl.cli.common import load_any_dataset as load_prompt_dataset
+from replayrl.cli.grpo import parse_grpo_args, prepare_prompts
+from replayrl.metrics import METRICS_FILE, PLOT_FILE, read_metrics
+from replayrl.metrics.callback import MetricsFileCallback
+from replayrl.models.tiny import build_tiny_model, build_tokenizer, save_tiny
+from replayrl.tasks import addition as default_task
 
-RECIPE = Path(__file__).resolve().parents[1] / "examples" / "qwen2_0.5b_math_boxed.yaml"
+RECIPE = Path(__file__).resolve().parents[2] / "examples" / "qwen2_0.5b_math_boxed.yaml"
 
 
 @pytest.fixture(autouse=True)

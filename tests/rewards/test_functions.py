@@ -5,11 +5,11 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_args
+from tests.conftest import tiny_args
 
 from replayrl import GRPOConfig, GRPOTrainer
-from replayrl.rewards import RewardFunctions
-from replayrl.tiny import build_tiny_sequence_classifier
+from replayrl.models.tiny import build_tiny_sequence_classifier
+from replayrl.rewards.functions import RewardFunctions
 
 
 def call(funcs, n=4, weights=None, **columns):

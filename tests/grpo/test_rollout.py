@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from replayrl.batch import Rollout
+from replayrl.grpo.rollout import Rollout
 
 
 def rollout(prompt_lens, completion_lens, P=5, C=4, logps=True):

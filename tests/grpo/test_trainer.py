@@ -4,10 +4,10 @@ import copy
 
 import pytest
 import torch
-from conftest import tiny_args
+from tests.conftest import tiny_args
 
 from replayrl import GRPOConfig, GRPOTrainer
-from replayrl.builtin_rewards import reward_len
+from replayrl.rewards.builtin import reward_len
 
 
 def varied_reward(completions, **kwargs):
@@ -216,7 +216,7 @@ def test_peft_lora_with_kl_uses_the_base_model_as_reference(model, tokenizer, da
 
 def test_loss_is_invariant_to_gradient_accumulation_splits(tokenizer, dataset, tmp_path):
     """1 micro-batch of 8 rows == 8 micro-batches of 1 row: same generation, same SGD update."""
-    from replayrl.tiny import build_tiny_model
+    from replayrl.models.tiny import build_tiny_model
 
     results = {}
     for loss_type in ["grpo", "bnpo", "dr_grpo", "dapo"]:
@@ -286,7 +286,7 @@ def test_resume_from_a_checkpoint_in_the_middle_of_a_generation_cycle(tokenizer,
     must carry the generation batch in progress, so the resumed run trains on the same rows."""
     from transformers import TrainerCallback
 
-    from replayrl.tiny import build_tiny_model
+    from replayrl.models.tiny import build_tiny_model
 
     class StopAt(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):

@@ -1,0 +1,61 @@
+"""The `replayrl` command line (also `python -m replayrl`): one module per subcommand, imported on use.
+
+    replayrl grpo [--config recipe.yaml] [--<flag> value ...]   GRPO + replay buffer (built-in job without a model)
+    replayrl plot RUN_DIR                                        re-draw a run's plot from its metrics.jsonl
+
+Each subcommand module has `run(argv) -> int`. Bad input raises `CLIError`: one line on stderr, exit status 2.
+This module imports nothing heavy, so `replayrl --help` and a mistyped command answer at once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from replayrl.cli.common import PROG, CLIError, one_line
+
+# name -> (module, one-line description); a new trainer adds its line here.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "grpo": ("replayrl.cli.grpo", "train with GRPO and a replay buffer (built-in offline job without a model)"),
+    "plot": ("replayrl.cli.plot", "re-draw a run's plot from its metrics.jsonl"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
+    return (
+        f"usage: {PROG} <command> [options]\n\ncommands:\n"
+        + "\n".join(lines)
+        + f"\n\n`{PROG} <command> --help` lists a command's options; `{PROG} --version` prints the version."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `replayrl` console script; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _dispatch(argv)
+    except CLIError as err:
+        print(f"{PROG}: error: {one_line(str(err))}", file=sys.stderr)
+        return 2
+    except SystemExit as exit_:  # argparse's --help
+        return exit_.code if isinstance(exit_.code, int) else 0
+
+
+def _dispatch(argv: list[str]) -> int:
+    names = ", ".join(COMMANDS)
+    if not argv:
+        raise CLIError(f"missing command: one of {names} (see `{PROG} --help`)")
+    command, rest = argv[0], argv[1:]
+    if command in ("-h", "--help"):
+        print(usage())
+        return 0
+    if command == "--version":
+        from replayrl import __version__
+
+        print(f"{PROG} {__version__}")
+        return 0
+    if command not in COMMANDS:
+        raise CLIError(f"unknown command {command!r}: expected one of {names} (see `{PROG} --help`)")
+    return importlib.import_module(COMMANDS[command][0]).run(rest)

@@ -1,0 +1,145 @@
+"""Shared pieces of the `replayrl` subcommands: one-line errors, parsers, recipe files, dataset loading.
+
+Imports nothing heavy at module level: `replayrl --help`, `replayrl plot` and argument errors stay instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+PROG = "replayrl"
+FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+class CLIError(Exception):
+    """Bad user input: reported as one line on stderr, exit status 2."""
+
+
+def help_text(text: str) -> dict:
+    return {"help": text}
+
+
+class RaisingParserMixin:
+    def error(self, message: str):
+        # argparse would print the usage block and exit; one line (printed by main) is easier to read.
+        raise CLIError(message)
+
+
+class ArgParser(RaisingParserMixin, argparse.ArgumentParser):
+    pass
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        # Show `--flag_name VALUE` once; HfArgumentParser's `--flag-name` alias works too but doubles every line.
+        if not action.option_strings:
+            return super()._format_action_invocation(action)
+        names = ", ".join(s for s in action.option_strings if "-" not in s.lstrip("-")) or action.option_strings[0]
+        if action.nargs == 0:
+            return names
+        return f"{names} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def load_recipe(path: str) -> dict[str, Any]:
+    """A recipe YAML as {flag name: value}; dashes in keys read as underscores."""
+    import yaml
+
+    file = Path(path)
+    if not file.is_file():
+        raise CLIError(f"recipe file not found: {path}")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as err:
+        raise CLIError(f"cannot parse recipe {path}: {err}") from err
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise CLIError(f"recipe {path} must be a mapping of flag names to values, got {type(data).__name__}")
+    return {str(key).replace("-", "_"): value for key, value in data.items()}
+
+
+def set_defaults(parser: argparse.ArgumentParser, values: dict[str, Any], source: str) -> None:
+    """Make `values` the parser's defaults (so flags still override them), typed as if given as flags."""
+    actions = {a.dest: a for a in parser._actions if a.dest != "help"}
+    converted = {}
+    for key, value in values.items():
+        if key not in actions:
+            raise CLIError(f"{source}: unknown key {key!r}; keys are the command's flag names (see --help)")
+        converted[key] = _convert(actions[key], value, f"{source}: {key}")
+    parser.set_defaults(**converted)
+
+
+def _convert(action: argparse.Action, value: Any, where: str) -> Any:
+    """Apply the flag's type to a YAML value: PyYAML reads `1e-6` as a string and `[a, b]` as a list."""
+    if value is None or action.type is None:
+        return value
+    if action.nargs == "+":
+        return [_convert_one(action, v, where) for v in (value if isinstance(value, list) else [value])]
+    return _convert_one(action, value, where)
+
+
+def _convert_one(action: argparse.Action, value: Any, where: str) -> Any:
+    if isinstance(value, str):
+        try:
+            value = action.type(value)
+        except (ValueError, TypeError, argparse.ArgumentTypeError) as err:
+            raise CLIError(f"{where}: invalid value {value!r} ({err})") from err
+    if action.choices is not None and value not in action.choices:
+        raise CLIError(f"{where}: invalid choice {value!r} (choose from {', '.join(map(str, action.choices))})")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- data and rewards
+def load_any_dataset(name: str, config_name: str | None, split: str):
+    """One split of a hub dataset, a save_to_disk folder, a data folder or a single data file."""
+    from datasets import load_dataset, load_from_disk
+
+    path = Path(name).expanduser()
+    builder = FILE_BUILDERS.get(path.suffix.lower())
+    if builder and not path.is_file():
+        raise CLIError(f"dataset file not found: {name}")
+    try:
+        if builder:  # one file is one split, whatever it is called
+            with quiet_datasets():
+                return load_dataset(builder, data_files={split: str(path)}, split=split)
+        if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
+            return _pick_split(load_from_disk(str(path)), split, name)
+        # hub datasets keep their progress bars: downloads can take a while
+        with quiet_datasets() if path.is_dir() else nullcontext():
+            return load_dataset(name, config_name, split=split)
+    except CLIError:
+        raise
+    except Exception as err:  # loaders raise many types: DatasetNotFoundError, ConnectionError, ValueError, ...
+        raise CLIError(f"could not load split {split!r} of dataset {name!r}: {err}") from err
+
+
+@contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """No progress bars from `datasets` for instant local work (they would also precede a one-line error)."""
+    import datasets
+
+    was_disabled = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not was_disabled:
+            datasets.enable_progress_bars()
+
+
+def _pick_split(data, split: str, name: str):
+    from datasets import Dataset
+
+    if isinstance(data, Dataset):
+        return data
+    if split not in data:
+        raise CLIError(f"dataset {name!r} has no split {split!r} (splits: {', '.join(data)})")
+    return data[split]

@@ -1,0 +1,1 @@
+"""Dataset formats shared by every trainer: prompts, chat templates, masks, packing, collators."""

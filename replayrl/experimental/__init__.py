@@ -1,0 +1,1 @@
+"""TRL's experimental import paths, for code written against them (`trl.experimental.*`)."""

@@ -1,0 +1,1 @@
+"""Generation backends behind one interface: transformers `generate` (here), vLLM colocate and server."""

@@ -1,0 +1,79 @@
+"""`training.png` of a run, drawn from its `metrics.jsonl` alone (`replayrl plot RUN_DIR` re-draws it).
+
+The figure is drawn on a bare `matplotlib.figure.Figure` (Agg canvas), never through pyplot, so importing this
+module neither needs a display nor changes the caller's matplotlib backend.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from replayrl.metrics import METRICS_FILE, PLOT_FILE, read_metrics, series
+
+# (panel title, [(metric key, legend label)], note when none is logged); eval keys carry the Trainer's "eval_" prefix.
+PANELS: list[tuple[str, list[tuple[str, str]], str]] = [
+    ("Reward", [("reward", "train (fresh completions)"), ("eval_reward", "eval")], "no reward logged"),
+    (
+        "Zero-std groups (fraction of groups)",
+        [("frac_reward_zero_std", "generated (before replacement)"), ("replay/frac_zero_std_trained", "trained on")],
+        "not logged",
+    ),
+    (
+        "Replay buffer",
+        [("replay/buffer_size", "buffer size (groups)"), ("replay/groups_replaced", "groups replaced")],
+        "not logged: replay buffer off",
+    ),
+    ("KL(policy || reference)", [("kl", "k3 estimate per token")], "not logged: beta = 0, no KL term"),
+    ("Completion length (tokens)", [("completion_length", "mean")], "not logged"),
+    ("Entropy (nats per token)", [("entropy", "mean")], "not logged"),
+]
+# Keys not worth a panel of their own when drawing a run of another trainer.
+_BOOKKEEPING = {"step", "epoch", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+
+
+def panels_for(records: list[dict]) -> list[tuple[str, list[tuple[str, str]], str]]:
+    """GRPO's PANELS for a GRPO run; for any other trainer, one panel per logged metric (train and eval
+    together), losses first, at most six."""
+    keys = {k for r in records for k, v in r.items() if isinstance(v, (int, float)) and k not in _BOOKKEEPING}
+    if any(key in keys for _, lines, _ in PANELS for key, _ in lines):
+        return PANELS
+    names = sorted({k.removeprefix("eval_") for k in keys}, key=lambda k: ("loss" not in k, k))[:6]
+    return [(name, [(name, "train"), (f"eval_{name}", "eval")], "not logged") for name in names]
+
+
+def plot_metrics(records: list[dict], path: str | Path, title: str = "") -> Path:
+    """Draw the PANELS against optimizer step into a PNG at `path`. A panel none of whose metrics the run
+    logged (`kl` with beta = 0, replay metrics with the buffer off) shows a note instead of a curve."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(15, 8), layout="constrained")
+    axes = fig.subplots(2, 3).ravel()
+    for ax, (panel_title, lines, missing) in zip(axes, panels_for(records)):
+        drawn = 0
+        for key, label in lines:
+            steps, values = series(records, key)
+            if steps:
+                marker = "o" if key.startswith("eval_") or len(steps) < 30 else None
+                ax.plot(steps, values, label=label, marker=marker, markersize=3)
+                drawn += 1
+        if drawn:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, missing, ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(panel_title, fontsize=10)
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
+    """Re-draw `RUN_DIR/training.png` (or `output`) from `RUN_DIR/metrics.jsonl`."""
+    run_dir = Path(run_dir)
+    metrics = run_dir / METRICS_FILE
+    if not metrics.is_file():
+        raise FileNotFoundError(f"no {METRICS_FILE} in {run_dir} (is it the output_dir of a replayrl run?)")
+    return plot_metrics(read_metrics(metrics), output or run_dir / PLOT_FILE, title=str(run_dir))

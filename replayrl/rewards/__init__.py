@@ -1,0 +1,1 @@
+"""Reward functions: the TRL convention (`functions`), reward models, and the built-in rewards (`builtin`)."""
