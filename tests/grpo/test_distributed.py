@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.conftest import tiny_args
 
 from replayrl import GRPOConfig, GRPOTrainer
 from replayrl.grpo.rollout import Rollout
 from replayrl.models.tiny import build_tiny_model
+from tests.conftest import tiny_args
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 

@@ -4,10 +4,10 @@ import copy
 
 import pytest
 import torch
-from tests.conftest import tiny_args
 
 from replayrl import GRPOConfig, GRPOTrainer
 from replayrl.rewards.builtin import reward_len
+from tests.conftest import tiny_args
 
 
 def varied_reward(completions, **kwargs):

@@ -3,12 +3,12 @@ actually reached the loss."""
 
 import pytest
 import torch
-from tests.conftest import tiny_args
 from transformers import TrainerCallback
 
 from replayrl import GRPOTrainer, GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
 from replayrl.algos import zero_std_groups
 from replayrl.models.tiny import build_tiny_model
+from tests.conftest import tiny_args
 
 
 def task_reward(completions, task, **kwargs):

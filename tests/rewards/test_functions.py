@@ -5,11 +5,11 @@ import math
 
 import pytest
 import torch
-from tests.conftest import tiny_args
 
 from replayrl import GRPOConfig, GRPOTrainer
 from replayrl.models.tiny import build_tiny_sequence_classifier
 from replayrl.rewards.functions import RewardFunctions
+from tests.conftest import tiny_args
 
 
 def call(funcs, n=4, weights=None, **columns):
