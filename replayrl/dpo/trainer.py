@@ -184,6 +184,15 @@ class DPOTrainer(Trainer):
             desc=f"Tokenizing {name}",
         )
 
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
+        """As Trainer.evaluate; a dataset passed here is tokenised (and gets reference log-probs when
+        precomputing) like the constructor's."""
+        if eval_dataset is not None and not isinstance(eval_dataset, str):
+            eval_dataset = self._tokenize(eval_dataset, "eval_dataset", self.processing_class, self.args)
+            if self.args.precompute_ref_log_probs:
+                eval_dataset = self._with_ref_columns(eval_dataset)
+        return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+
     # ----------------------------------------------------------------------------------------- reference
     @contextmanager
     def _reference(self):

@@ -161,6 +161,12 @@ class RewardTrainer(Trainer):
                 logger.warning("%s: dropped %d of %d pairs longer than max_length=%d", name, n - len(dataset), n, limit)
         return dataset
 
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
+        """As Trainer.evaluate; a dataset passed here is tokenised like the constructor's."""
+        if eval_dataset is not None:
+            eval_dataset = self._prepare(eval_dataset, "eval_dataset", self.processing_class, self.args)
+        return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+
     # ----------------------------------------------------------------------------------------- loss
     def rewards(self, model, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """One forward on chosen and rejected rows together -> rewards (B,), (B,)."""
