@@ -9,6 +9,10 @@ from replayrl._lazy import lazy_exports
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "DPOConfig": "replayrl.dpo.config",
+    "DPOTrainer": "replayrl.dpo.trainer",
+    "RewardConfig": "replayrl.reward.config",
+    "RewardTrainer": "replayrl.reward.trainer",
     "GRPOConfig": "replayrl.grpo.config",
     "GRPOTrainer": "replayrl.grpo.trainer",
     "GRPOWithReplayBufferConfig": "replayrl.replay.config",

@@ -11,6 +11,7 @@ on pairs of 20 held-out operand pairs. Offline, < 1 minute on CPU.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 from replayrl.cli.preference import parse_args, run_job, user_datasets
@@ -36,28 +37,25 @@ DEFAULT_CONFIG: dict[str, Any] = {
 
 
 def build_trainer(script, config: DPOConfig) -> DPOTrainer:
-    if script.model_name_or_path is None:
-        model, tokenizer = addition.build_default_model(config.seed)
-    else:
-        model, tokenizer = script.model_name_or_path, None
+    # datasets first: their errors must come before the model's warm-up
     if script.dataset_name is None:
         train, held_out = preference_datasets(config.seed)
         evaluation = held_out if config.eval_strategy != "no" or config.eval_on_start else None
     else:
         train, evaluation = user_datasets(script, config)
+    if script.model_name_or_path is None:
+        model, tokenizer = addition.build_default_model(config.seed)
+    else:
+        model, tokenizer = script.model_name_or_path, None
     return DPOTrainer(model, args=config, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer)
 
 
 def run(argv: list[str]) -> int:
     script, config = parse_args("dpo", DPOConfig, DEFAULT_CONFIG, argv)
     builtin = script.model_name_or_path is None and script.dataset_name is None
-    describe = f"built-in job: {TASK_DESCRIPTION}" if builtin else f"{script.model_name_or_path} on {script.dataset_name}"
+    describe = (
+        f"built-in job: {TASK_DESCRIPTION}" if builtin else f"{script.model_name_or_path} on {script.dataset_name}"
+    )
     describe += f"; loss_type {','.join(config.loss_type)}, beta {config.beta}"
-    with addition.one_thread() if script.model_name_or_path is None else _null():
+    with addition.one_thread() if script.model_name_or_path is None else nullcontext():
         return run_job("dpo", config, lambda: build_trainer(script, config), describe, "rewards/accuracies")
-
-
-def _null():
-    from contextlib import nullcontext
-
-    return nullcontext()

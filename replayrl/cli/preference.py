@@ -133,4 +133,3 @@ def summary_lines(records: list[dict], metric: str) -> list[str]:
         if values:
             lines.append(f"{key}: {values[0]:.3f} -> {values[-1]:.3f} (first -> last log)")
     return lines
-

@@ -398,4 +398,3 @@ def _accepts_logits_to_keep(model) -> bool:
     if _is_peft(base):
         base = base.get_base_model()
     return "logits_to_keep" in inspect.signature(base.forward).parameters
-

@@ -39,4 +39,3 @@ def preference_datasets(seed: int = 0, per_problem: int = 2, prompt_column: bool
     rng.shuffle(operands)
     train = _pairs(operands[HELD_OUT:], per_problem, rng, prompt_column)
     return train.shuffle(seed=seed), _pairs(operands[:HELD_OUT], per_problem, rng, prompt_column)
-

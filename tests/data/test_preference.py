@@ -46,7 +46,10 @@ def test_tokenize_dpo_row_text(tokenizer):
     out = tokenize_dpo_row({"prompt": "1+2=", "chosen": "3<|endoftext|>", "rejected": "4"}, tokenizer)
     assert out["chosen_input_ids"].count(tokenizer.eos_token_id) == 1
     out = tokenize_dpo_row(
-        {"prompt": "12345", "chosen": "abcdef", "rejected": "x"}, tokenizer, max_prompt_length=2, max_completion_length=3
+        {"prompt": "12345", "chosen": "abcdef", "rejected": "x"},
+        tokenizer,
+        max_prompt_length=2,
+        max_completion_length=3,
     )
     assert tokenizer.decode(out["prompt_input_ids"]) == "45"  # the prompt's end is kept
     assert tokenizer.decode(out["chosen_input_ids"]) == "abc"

@@ -52,7 +52,9 @@ def first_batch(trainer):
 
 
 def test_step1_loss_is_ln2_when_policy_equals_reference(tokenizer, pairs_data, tmp_path):
-    trainer = DPOTrainer(tiny(tokenizer), args=dpo_args(tmp_path), train_dataset=pairs_data[0], processing_class=tokenizer)
+    trainer = DPOTrainer(
+        tiny(tokenizer), args=dpo_args(tmp_path), train_dataset=pairs_data[0], processing_class=tokenizer
+    )
     trainer.train()
     assert losses(trainer)[0] == pytest.approx(math.log(2), abs=1e-6)
     first = read_metrics(tmp_path / "out" / METRICS_FILE)[0]

@@ -123,7 +123,9 @@ def test_pad_token_is_set_from_the_tokenizer_or_refused(tokenizer, pairs_data, t
     model = classifier(tokenizer)
     model.config.pad_token_id = None
     with pytest.raises(ValueError, match="pad_token_id is not set"):
-        RewardTrainer(model, args=rm_args(tmp_path), train_dataset=pairs_data[0].select(range(2)), processing_class=None)
+        RewardTrainer(
+            model, args=rm_args(tmp_path), train_dataset=pairs_data[0].select(range(2)), processing_class=None
+        )
 
 
 def test_compute_accuracy_counts_ties_as_wrong():
