@@ -13,6 +13,7 @@ def _in_tmp_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("command", "metric"), [("dpo", "rewards/accuracies"), ("reward", "accuracy")])
 def test_builtin_job_runs_and_writes_metrics_and_plot(tmp_path, capsys, command, metric):
     out = tmp_path / command
