@@ -7,7 +7,8 @@ Accepted rows (TRL's formats), standard (strings) or conversational (lists of {"
   - optional `margin` (float): the reward trainer subtracts it inside the Bradley-Terry loss;
   - reward trainer only, the seed's pre-tokenized columns `input_ids_chosen`, `attention_mask_chosen`,
     `input_ids_rejected`, `attention_mask_rejected`, used as they are.
-Conversational rows go through the tokenizer's chat template. Completions get EOS appended once.
+Conversational rows go through the tokenizer's chat template. DPO completions get EOS appended once; reward
+sequences only with `append_eos=True` (see `tokenize_reward_row`).
 """
 
 from __future__ import annotations
@@ -105,9 +106,11 @@ def tokenize_dpo_row(
     return {"prompt_input_ids": prompt_ids, "chosen_input_ids": chosen_ids, "rejected_input_ids": rejected_ids}
 
 
-def tokenize_reward_row(example: dict, tokenizer) -> dict:
-    """The seed's columns: whole sequences (prompt + completion + EOS) for chosen and rejected, with masks.
-    `prompt` is optional: without it chosen/rejected are the whole texts or conversations."""
+def tokenize_reward_row(example: dict, tokenizer, append_eos: bool = False) -> dict:
+    """The seed's columns: whole sequences (prompt + completion, + EOS if `append_eos`) for chosen and rejected,
+    with masks. `prompt` is optional: without it chosen/rejected are the whole texts or conversations.
+    EOS is off by default because GRPO scores `prompt + completion` text decoded without special tokens: a
+    model trained on sequences ending in EOS would be read at a different position there."""
     out = {}
     for side in ("chosen", "rejected"):
         prompt, completion = example.get("prompt"), example[side]
@@ -118,7 +121,9 @@ def tokenize_reward_row(example: dict, tokenizer) -> dict:
                 text = completion
         else:
             text = "".join(_apply_template(tokenizer, prompt, completion))
-        ids = _with_eos(tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if append_eos:
+            ids = _with_eos(ids, tokenizer.eos_token_id)
         out[f"input_ids_{side}"], out[f"attention_mask_{side}"] = ids, [1] * len(ids)
     return out
 

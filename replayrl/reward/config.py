@@ -32,6 +32,13 @@ class RewardConfig(TrainingArguments):
         default=None,
         metadata=_help("Adds c * mean((r_c + r_r)^2) to centre rewards on 0 (arXiv:2312.09244; 0.01 recommended)."),
     )
+    append_eos: bool = field(
+        default=False,
+        metadata=_help(
+            "Append EOS to each text sequence (TRL does). Off: replayrl's GRPO scores prompt + completion without "
+            "EOS, and the reward is read at the last token, so training must see the same ending."
+        ),
+    )
     disable_dropout: bool = field(default=True, metadata=_help("Turn dropout off in the model."))
     dataset_num_proc: int | None = field(default=None, metadata=_help("Processes for tokenising the dataset."))
 

@@ -1,6 +1,6 @@
 """`RewardTrainer`: a scalar reward model trained on preference pairs (Bradley-Terry), on `transformers.Trainer`.
 
-What runs, per batch of pairs: chosen and rejected sequences (prompt + completion + EOS) concatenated into one
+What runs, per batch of pairs: chosen and rejected sequences (prompt + completion) concatenated into one
 forward of an `AutoModelForSequenceClassification` with `num_labels=1`; the reward of a sequence is the head's
 value at its last non-pad token (transformers' pooling, which reads `model.config.pad_token_id`, hence the
 check below); loss = -log sigmoid(r_c - r_r - margin) [+ c * mean((r_c + r_r)^2)] (replayrl.algos.preference).
@@ -143,7 +143,7 @@ class RewardTrainer(Trainer):
                 raise ValueError(f"{name} holds text: pass processing_class (the tokenizer) to tokenise it.")
             dataset = dataset.map(
                 tokenize_reward_row,
-                fn_kwargs={"tokenizer": tokenizer},
+                fn_kwargs={"tokenizer": tokenizer, "append_eos": args.append_eos},
                 remove_columns=[c for c in dataset.column_names if c != "margin"],
                 num_proc=args.dataset_num_proc,
                 desc=f"Tokenizing {name}",

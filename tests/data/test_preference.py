@@ -93,11 +93,13 @@ def test_dpo_collator_labels_only_the_completion():
 
 def test_reward_rows_and_collator(tokenizer):
     out = tokenize_reward_row({"prompt": "1+1=", "chosen": "2", "rejected": "3", "margin": 1.0}, tokenizer)
-    assert tokenizer.decode(out["input_ids_chosen"]) == "1+1=2<|endoftext|>"
+    assert tokenizer.decode(out["input_ids_chosen"]) == "1+1=2"  # as GRPO will score it
+    with_eos = tokenize_reward_row({"prompt": "1+1=", "chosen": "2<|endoftext|>", "rejected": "3"}, tokenizer, True)
+    assert tokenizer.decode(with_eos["input_ids_chosen"]) == "1+1=2<|endoftext|>"  # once
     assert out["attention_mask_rejected"] == [1] * len(out["input_ids_rejected"])
     implicit = tokenize_reward_row({"chosen": [chat("user", "a"), chat("assistant", "b")],
                                     "rejected": [chat("user", "a"), chat("assistant", "c")]}, tokenizer)  # fmt: skip
-    assert tokenizer.decode(implicit["input_ids_chosen"]).endswith("b<|im_end|>\n<|endoftext|>")
+    assert tokenizer.decode(implicit["input_ids_chosen"]).endswith("b<|im_end|>\n")
     batch = RewardDataCollatorWithPadding(pad_token_id=0)(
         [{"input_ids_chosen": [4, 5], "input_ids_rejected": [6], "margin": 0.5},
          {"input_ids_chosen": [4], "input_ids_rejected": [6, 7, 8], "margin": 1.0}]

@@ -97,7 +97,7 @@ def test_center_rewards_coefficient_adds_the_penalty(tokenizer, pairs_data, tmp_
 
 
 def test_seed_pretokenized_columns(tokenizer, tmp_path):
-    enc = lambda text: tokenizer(text).input_ids + [tokenizer.eos_token_id]  # noqa: E731
+    enc = lambda text: tokenizer(text).input_ids  # noqa: E731
     rows = [(f"{a}+1={a + 1}", f"{a}+1={a + 2}") for a in range(8)]
     data = Dataset.from_dict(
         {
