@@ -27,8 +27,18 @@ PANELS: list[tuple[str, list[tuple[str, str]], str]] = [
     ("Completion length (tokens)", [("completion_length", "mean")], "not logged"),
     ("Entropy (nats per token)", [("entropy", "mean")], "not logged"),
 ]
+# Headline metrics of the preference trainers: drawn right after the losses when a run logs them.
+_HEADLINE = ("rewards/accuracies", "rewards/margins", "rewards/chosen", "accuracy", "margin")
 # Keys not worth a panel of their own when drawing a run of another trainer.
-_BOOKKEEPING = {"step", "epoch", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+_BOOKKEEPING = {
+    "step",
+    "epoch",
+    "total_flos",
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+    "train_loss",
+}
 
 
 def panels_for(records: list[dict]) -> list[tuple[str, list[tuple[str, str]], str]]:
@@ -37,7 +47,8 @@ def panels_for(records: list[dict]) -> list[tuple[str, list[tuple[str, str]], st
     keys = {k for r in records for k, v in r.items() if isinstance(v, (int, float)) and k not in _BOOKKEEPING}
     if any(key in keys for _, lines, _ in PANELS for key, _ in lines):
         return PANELS
-    names = sorted({k.removeprefix("eval_") for k in keys}, key=lambda k: ("loss" not in k, k))[:6]
+    order = lambda k: ("loss" not in k, _HEADLINE.index(k) if k in _HEADLINE else len(_HEADLINE), k)  # noqa: E731
+    names = sorted({k.removeprefix("eval_") for k in keys}, key=order)[:6]
     return [(name, [(name, "train"), (f"eval_{name}", "eval")], "not logged") for name in names]
 
 
