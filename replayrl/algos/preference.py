@@ -272,15 +272,19 @@ def implicit_rewards(pairs: PairLogps, beta: float) -> tuple[Tensor, Tensor]:
 
 # --------------------------------------------------------------------------------------------- WPO weights
 @torch.no_grad()
-def wpo_log_weights(logits: Tensor, labels: Tensor, mask: Tensor) -> Tensor:
-    """WPO (arXiv:2406.11827, Eq. 3): per-sequence mean over completion tokens of log p(y_t) - log sum_v p(v)^2.
-    logits (N, T, V) aligned with labels (N, T), mask (N, T) -> (N,). Row by row to bound memory."""
+def wpo_token_terms(logits: Tensor, labels: Tensor) -> Tensor:
+    """WPO (arXiv:2406.11827, Eq. 3) per token: log p(y_t) - log sum_v p(v)^2. logits (N, T, V), labels (N, T)
+    -> (N, T). Row by row to bound memory."""
     out = []
-    for row_logits, row_labels, row_mask in zip(logits, labels, mask):
+    for row_logits, row_labels in zip(logits, labels):
         logp = torch.log_softmax(row_logits.float(), dim=-1)
-        adjusted = logp.gather(-1, row_labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(2 * logp, dim=-1)
-        out.append((adjusted * row_mask).sum() / row_mask.sum().clamp(min=1))
+        out.append(logp.gather(-1, row_labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(2 * logp, dim=-1))
     return torch.stack(out)
+
+
+def wpo_log_weights(logits: Tensor, labels: Tensor, mask: Tensor) -> Tensor:
+    """Per-sequence WPO log-weight: the mean of `wpo_token_terms` over completion tokens, (N, T, V) -> (N,)."""
+    return (wpo_token_terms(logits, labels) * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
 def wpo_weights(chosen_log_weights: Tensor, rejected_log_weights: Tensor) -> Tensor:

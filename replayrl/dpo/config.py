@@ -50,6 +50,13 @@ class DPOConfig(TrainingArguments):
     )
     padding_value: int | None = field(default=None, metadata=_help("Pad id (None: the tokenizer's pad token)."))
     label_pad_token_id: int = field(default=-100, metadata=_help("Label of prompt and padding positions."))
+    padding_free: bool = field(
+        default=False,
+        metadata=_help(
+            "Pack the batch's 2B sequences into one row without padding (block-diagonal attention; position ids "
+            "under FlashAttention). Same loss, fewer wasted tokens when lengths vary."
+        ),
+    )
     dataset_num_proc: int | None = field(default=None, metadata=_help("Processes for tokenising the dataset."))
     # Loss
     beta: float = field(default=0.1, metadata=_help("Strength of the implicit KL to the reference (DPO's beta)."))

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
 
 from replayrl.algos.logprobs import selective_log_softmax
-from replayrl.algos.preference import PairLogps, dpo_losses, implicit_rewards, wpo_log_weights, wpo_weights
+from replayrl.algos.preference import PairLogps, dpo_losses, implicit_rewards, wpo_token_terms, wpo_weights
 from replayrl.data.preference import DPODataCollator, dataset_kind, tokenize_dpo_row
 from replayrl.dpo.config import DPOConfig
 from replayrl.metrics.callback import attach_metrics_file
@@ -266,6 +266,18 @@ class DPOTrainer(Trainer):
         `with_logits` the mean completion logits and (use_weighting) WPO log-weights."""
         c = self.concatenated_inputs(batch)
         ids, mask, labels = c["concatenated_input_ids"], c["concatenated_attention_mask"], c["concatenated_labels"]
+        if self.args.padding_free:
+            sums = self._packed_sums(model, ids, mask, labels, with_logits)
+        else:
+            sums = self._padded_sums(model, ids, mask, labels, with_logits)
+        n = ids.shape[0] // 2
+        out = {}
+        for key, value in sums.items():
+            out[f"chosen_{key}"], out[f"rejected_{key}"] = value[:n], value[n:]
+        return out
+
+    def _padded_sums(self, model, ids: Tensor, mask: Tensor, labels: Tensor, with_logits: bool) -> dict[str, Tensor]:
+        """Rows (R, L) as they are; only the logits from the first completion position on are computed."""
         completion = labels != self.args.label_pad_token_id
         # logits at position t predict token t + 1: keep them from the first completion token - 1 on
         first = int(completion.float().argmax(1)[completion.any(1)].min()) if completion.any() else 1
@@ -274,19 +286,32 @@ class DPOTrainer(Trainer):
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False, **kwargs).logits
         logits = logits[:, -(ids.shape[1] - start) :][:, :-1]
         targets, target_mask = labels[:, start + 1 :], completion[:, start + 1 :]
-        token_logps = selective_log_softmax(logits, targets.clamp(min=0)) * target_mask
-        n = ids.shape[0] // 2
-        logps, lengths = token_logps.sum(1), target_mask.sum(1)
-        out = {"chosen_logps": logps[:n], "rejected_logps": logps[n:], "chosen_lengths": lengths[:n]}
-        out["rejected_lengths"] = lengths[n:]
-        if with_logits:
-            with torch.no_grad():
-                mean_logits = (logits.detach().mean(-1) * target_mask).sum(1) / lengths.clamp(min=1)
-                out["chosen_logits"], out["rejected_logits"] = mean_logits[:n], mean_logits[n:]
-                if self.args.use_weighting:
-                    w = wpo_log_weights(logits.detach(), targets.clamp(min=0), target_mask)
-                    out["chosen_wpo"], out["rejected_wpo"] = w[:n], w[n:]
-        return out
+        return _token_sums(logits, targets, target_mask, None, ids.shape[0], with_logits, self.args.use_weighting)
+
+    def _packed_sums(self, model, ids: Tensor, mask: Tensor, labels: Tensor, with_logits: bool) -> dict[str, Tensor]:
+        """Padding-free: the R rows' real tokens packed into one row, kept apart by position ids restarting at 0
+        and (except under FlashAttention, which reads the position ids) a block-diagonal causal mask: position
+        ids alone do not isolate sequences under sdpa/eager (../shared/notes/trainer-family.md)."""
+        keep = mask.bool()
+        lengths = keep.sum(1)
+        flat_ids, flat_labels = ids[keep], labels[keep].clone()
+        seg = torch.repeat_interleave(torch.arange(len(lengths), device=ids.device), lengths)
+        starts = torch.cumsum(lengths, 0) - lengths
+        flat_labels[starts] = self.args.label_pad_token_id  # never a target of the previous sequence's last token
+        position_ids = (torch.arange(len(flat_ids), device=ids.device) - starts[seg]).unsqueeze(0)
+        kwargs = {"position_ids": position_ids}
+        impl = getattr(_base_model(model).config, "_attn_implementation", "sdpa") or "sdpa"
+        if not impl.startswith("flash"):
+            allowed = (seg[:, None] == seg[None, :]) & torch.ones(len(seg), len(seg), dtype=torch.bool).tril()
+            allowed = allowed.to(ids.device)[None, None]
+            if impl == "eager":  # eager adds the mask to the scores
+                dtype = _base_model(model).dtype
+                allowed = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+            kwargs["attention_mask"] = allowed
+        logits = model(input_ids=flat_ids.unsqueeze(0), use_cache=False, **kwargs).logits[:, :-1]
+        targets = flat_labels[1:].unsqueeze(0)
+        target_mask = targets != self.args.label_pad_token_id
+        return _token_sums(logits, targets, target_mask, seg[1:], len(lengths), with_logits, self.args.use_weighting)
 
     # ----------------------------------------------------------------------------------------- loss
     def dpo_loss(
@@ -391,10 +416,42 @@ class DPOTrainer(Trainer):
         super().log(logs, start_time)
 
 
+def _base_model(model):
+    """The transformers model under DDP and PEFT wrappers."""
+    while hasattr(model, "module"):  # DDP
+        model = model.module
+    return model.get_base_model() if _is_peft(model) else model
+
+
 def _accepts_logits_to_keep(model) -> bool:
-    base = model
-    while hasattr(base, "module"):  # DDP
-        base = base.module
-    if _is_peft(base):
-        base = base.get_base_model()
-    return "logits_to_keep" in inspect.signature(base.forward).parameters
+    return "logits_to_keep" in inspect.signature(_base_model(model).forward).parameters
+
+
+def _token_sums(
+    logits: Tensor,
+    targets: Tensor,
+    target_mask: Tensor,
+    segments: Tensor | None,
+    num_rows: int,
+    with_logits: bool,
+    with_wpo: bool,
+) -> dict[str, Tensor]:
+    """Per-sequence sums over completion tokens. logits (R', T, V) aligned with targets/target_mask (R', T);
+    `segments` (T,) maps the tokens of a packed row (R' = 1) to their sequence, None when R' == num_rows.
+    Returns logps, lengths (and logits = mean logit, wpo = WPO log-weight), each (num_rows,)."""
+
+    def per_row(values: Tensor) -> Tensor:
+        values = values * target_mask
+        if segments is None:
+            return values.sum(1)
+        return torch.zeros(num_rows, dtype=values.dtype, device=values.device).index_add(0, segments, values[0])
+
+    out = {"logps": per_row(selective_log_softmax(logits, targets.clamp(min=0)))}
+    out["lengths"] = per_row(torch.ones_like(targets, dtype=out["logps"].dtype)).round().long()
+    if with_logits:
+        with torch.no_grad():
+            count = out["lengths"].clamp(min=1)
+            out["logits"] = per_row(logits.detach().float().mean(-1)) / count
+            if with_wpo:
+                out["wpo"] = per_row(wpo_token_terms(logits.detach(), targets.clamp(min=0))) / count
+    return out

@@ -225,3 +225,27 @@ def test_bad_input(tokenizer, pairs_data, tmp_path):
         dpo_args(tmp_path, label_smoothing=0.5)
     with pytest.raises(ValueError, match="sync_ref_model"):
         dpo_args(tmp_path, sync_ref_model=True, precompute_ref_log_probs=True)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_padding_free_gives_the_padded_losses(tokenizer, tmp_path, attn):
+    """Rows of very different lengths packed into one row: the same losses (and metrics) as padded rows over
+    three steps, with a length-normalised loss and WPO weights in the mix."""
+    rows = [{"prompt": "x" * (1 + 3 * i), "chosen": "y" * (1 + i % 3), "rejected": "z" * (4 - i % 3)} for i in range(8)]
+
+    def run(padding_free):
+        model = tiny(tokenizer)
+        model.config._attn_implementation = attn
+        args = dpo_args(tmp_path / str(padding_free), max_steps=3, padding_free=padding_free, use_weighting=True,
+                        loss_type=["sigmoid", "ipo"], ref_model_init_kwargs=None)  # fmt: skip
+        ref = tiny(tokenizer, seed=1)
+        ref.config._attn_implementation = attn
+        trainer = DPOTrainer(model, ref_model=ref, args=args, train_dataset=Dataset.from_list(rows),
+                             processing_class=tokenizer)  # fmt: skip
+        trainer.train()
+        return [r for r in trainer.state.log_history if "loss" in r]
+
+    padded, packed = run(False), run(True)
+    for a, b in zip(padded, packed):
+        for key in ("loss", "loss/ipo", "logps/chosen", "logits/rejected", "rewards/margins"):
+            assert b[key] == pytest.approx(a[key], abs=1e-5), key
