@@ -249,3 +249,17 @@ def test_padding_free_gives_the_padded_losses(tokenizer, tmp_path, attn):
     for a, b in zip(padded, packed):
         for key in ("loss", "loss/ipo", "logps/chosen", "logits/rejected", "rewards/margins"):
             assert b[key] == pytest.approx(a[key], abs=1e-5), key
+
+
+def test_sync_ref_model_survives_resume(tokenizer, pairs_data, tmp_path):
+    common = dict(sync_ref_model=True, ref_model_sync_steps=1, ref_model_mixup_alpha=0.5, max_steps=2)
+    first = DPOTrainer(tiny(tokenizer), args=dpo_args(tmp_path, save_strategy="steps", save_steps=2, **common),
+                       train_dataset=pairs_data[0], processing_class=tokenizer)  # fmt: skip
+    first.train()
+    resumed = DPOTrainer(tiny(tokenizer), args=dpo_args(tmp_path, **common), train_dataset=pairs_data[0],
+                         processing_class=tokenizer)  # fmt: skip
+    fresh = [p.detach().clone() for p in resumed.ref_model.parameters()]
+    resumed.train(resume_from_checkpoint=True)
+    for saved, loaded in zip(first.ref_model.parameters(), resumed.ref_model.parameters()):
+        assert torch.equal(saved, loaded)
+    assert any(not torch.equal(a, b) for a, b in zip(fresh, resumed.ref_model.parameters()))
