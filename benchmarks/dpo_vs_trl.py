@@ -77,8 +77,9 @@ def main() -> None:
             row["step_ratio"] = ratio(row["replayrl_step_s"], row["trl_step_s"])
             row["peak_ratio"] = ratio(row["replayrl_peak_mib"], row["trl_peak_mib"])
             rows.append(row)
-    columns = ["precompute_ref_log_probs", "replayrl_step_s", "trl_step_s", "step_ratio", "replayrl_peak_mib",
-               "trl_peak_mib", "peak_ratio", "replayrl_setup_s", "trl_setup_s", "replayrl_first_loss", "trl_first_loss"]  # fmt: skip
+    columns = ["precompute_ref_log_probs", "replayrl_step_s", "trl_step_s", "step_ratio", "replayrl_peak_mib"]
+    columns += ["trl_peak_mib", "peak_ratio", "replayrl_setup_s", "trl_setup_s"]
+    columns += ["replayrl_first_loss", "trl_first_loss"]
     table = print_table(rows, columns, "DPO: replayrl vs TRL (median seconds per optimizer step, peak RSS MiB)")
     write_results("dpo_vs_trl", {"rows": rows, "table": table, "rounds": opts.rounds, "steps": opts.steps})
 
