@@ -143,3 +143,16 @@ def test_bad_input(tokenizer, tmp_path):
                       processing_class=tokenizer)  # fmt: skip
     with pytest.raises(ValueError, match="center_rewards_coefficient"):
         rm_args(tmp_path, center_rewards_coefficient=-1.0)
+
+
+def test_peft_reward_model_trains_the_adapter_and_head(tokenizer, pairs_data, tmp_path):
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="SEQ_CLS",
+                             modules_to_save=["score"])  # fmt: skip
+    trainer = RewardTrainer(classifier(tokenizer), args=rm_args(tmp_path, max_steps=3), peft_config=config,
+                            train_dataset=pairs_data[0].select(range(16)), processing_class=tokenizer)  # fmt: skip
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert any("lora_" in n for n in before) and any("score" in n for n in before)
+    trainer.train()
+    changed = [n for n, p in trainer.model.named_parameters() if n in before and not torch.equal(p, before[n])]
+    assert any("lora_B" in n for n in changed) and any("score" in n for n in changed)
