@@ -92,20 +92,11 @@ class DPOTrainer(Trainer):
         model_id = model if isinstance(model, str) else model.config._name_or_path
         args = args if args is not None else DPOConfig(output_dir=f"{model_id.split('/')[-1]}-DPO")
         args = self._apply_seed_kwargs(args, seed_kwargs)
-        model = load_causal_lm(model, args.model_init_kwargs)
         processing_class = processing_class or tokenizer or AutoTokenizer.from_pretrained(model_id)
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
-        if peft_config is not None:
-            from peft import get_peft_model
-
-            model = get_peft_model(model, peft_config)
+        model, ref_model = self._load_models(model, ref_model, args, peft_config)
         self.is_peft_model = _is_peft(model)
-        ref_model = self._build_ref_model(model, ref_model, args)
-        if args.disable_dropout:
-            for m in (model, ref_model):
-                if m is not None:
-                    _disable_dropout(m)
         with PartialState().main_process_first():
             train_dataset = self._tokenize(train_dataset, "train_dataset", processing_class, args)
             eval_dataset = self._tokenize(eval_dataset, "eval_dataset", processing_class, args)
@@ -132,8 +123,6 @@ class DPOTrainer(Trainer):
             self._precompute_all()
         attach_metrics_file(self)
         if args.sync_ref_model:
-            if self.ref_model is None:
-                raise ValueError("sync_ref_model=True needs a separate reference model; it cannot be used with PEFT.")
             self.add_callback(SyncRefModelCallback(self))
 
     # ----------------------------------------------------------------------------------------- setup
@@ -149,6 +138,23 @@ class DPOTrainer(Trainer):
         for key, value in given.items():
             setattr(args, key, value)
         return args
+
+    @staticmethod
+    def _load_models(model, ref_model, args: DPOConfig, peft_config) -> tuple:
+        """(policy, reference or None): loaded, PEFT-wrapped, dropout off."""
+        model = load_causal_lm(model, args.model_init_kwargs)
+        if peft_config is not None:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, peft_config)
+        ref_model = DPOTrainer._build_ref_model(model, ref_model, args)
+        if args.sync_ref_model and ref_model is None:
+            raise ValueError("sync_ref_model=True needs a separate reference model; it cannot be used with PEFT.")
+        if args.disable_dropout:
+            for m in (model, ref_model):
+                if m is not None:
+                    _disable_dropout(m)
+        return model, ref_model
 
     @staticmethod
     def _build_ref_model(model, ref_model, args: DPOConfig):
