@@ -232,11 +232,21 @@ class DPOTrainer(Trainer):
             self.eval_dataset = {k: self._with_ref_columns(v) for k, v in self.eval_dataset.items()}
         elif self.eval_dataset is not None:
             self.eval_dataset = self._with_ref_columns(self.eval_dataset)
-        self.ref_model = None  # never kept during training
+        # Never kept during training. Without a ref_model (and without PEFT) the reference was the untrained
+        # policy, which stays valid only until the first update.
+        self._released_reference = "ref_model" if self.ref_model is not None else "policy"
+        self.ref_model = None
 
     def _with_ref_columns(self, dataset):
         if dataset is None or "ref_chosen_logps" in dataset.column_names:
             return dataset
+        released = getattr(self, "_released_reference", None)
+        if not self.is_peft_model and (released == "ref_model" or (released and self.state.global_step > 0)):
+            raise ValueError(
+                "precompute_ref_log_probs=True released the reference model after scoring the datasets given to "
+                "the constructor, so this new dataset cannot get reference log-probs. Pass it as eval_dataset to "
+                "DPOTrainer, or add columns 'ref_chosen_logps'/'ref_rejected_logps' yourself."
+            )
         batch_size = self.args.precompute_ref_batch_size or self.args.per_device_eval_batch_size
         loader = DataLoader(dataset, batch_size=batch_size, collate_fn=self.data_collator, shuffle=False)
         loader = self.accelerator.prepare(loader)

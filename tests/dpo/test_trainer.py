@@ -105,10 +105,17 @@ def test_precomputed_reference_gives_the_live_loss(tokenizer, pairs_data, tmp_pa
 
 def test_precompute_without_ref_model_uses_the_initial_policy(tokenizer, pairs_data, tmp_path):
     args = dpo_args(tmp_path, precompute_ref_log_probs=True)
-    trainer = DPOTrainer(tiny(tokenizer), args=args, train_dataset=pairs_data[0], processing_class=tokenizer)
+    held_out = pairs_data[1].select(range(8))
+    trainer = DPOTrainer(tiny(tokenizer), args=args, train_dataset=pairs_data[0], eval_dataset=held_out,
+                         processing_class=tokenizer)  # fmt: skip
     assert trainer.ref_model is None and "ref_chosen_logps" in trainer.train_dataset.column_names
+    assert "ref_rejected_logps" in trainer.eval_dataset.column_names
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(math.log(2), abs=1e-6)  # before training
     trainer.train()
     assert losses(trainer)[0] == pytest.approx(math.log(2), abs=1e-6)
+    with pytest.raises(ValueError, match="released the reference model"):  # the reference is gone
+        trainer.evaluate(held_out)
+    assert trainer.evaluate()["eval_rewards/margins"] != 0
 
 
 def test_peft_reference_is_the_base_model(tokenizer, pairs_data, tmp_path):
