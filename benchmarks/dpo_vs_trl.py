@@ -8,7 +8,8 @@ differs. Both sides load the same saved tiny Qwen2 (hidden 256, 4 layers, charac
 preference pairs (prompts 20-60 characters, completions 5-40), batch 8, max_length 256, one torch thread;
 with and without precomputed reference log-probs. Sides alternate (replayrl, TRL, TRL, replayrl, ...), one
 fresh process per run; a side's figure is the median over rounds of its per-run median step time (the first 2
-steps skipped). Ratio = replayrl / TRL (< 1: replayrl faster / smaller).
+steps skipped), in wall seconds and in the process's CPU seconds (fairer on a shared machine, where wall time
+includes waiting for a core). Ratio = replayrl / TRL (< 1: replayrl faster / smaller).
 """
 
 from __future__ import annotations
@@ -71,13 +72,16 @@ def main() -> None:
             row = {"precompute_ref_log_probs": bool(precompute)}
             for side, results in runs.items():
                 row[f"{side}_step_s"] = median(median(x["step_seconds"][2:]) for x in results)
+                row[f"{side}_step_cpu_s"] = median(median(x["step_cpu_seconds"][2:]) for x in results)
                 row[f"{side}_setup_s"] = median(x["setup_seconds"] for x in results)
                 row[f"{side}_peak_mib"] = median(x["peak_rss_mib"] for x in results)
                 row[f"{side}_first_loss"] = results[0]["first_loss"]
             row["step_ratio"] = ratio(row["replayrl_step_s"], row["trl_step_s"])
+            row["cpu_ratio"] = ratio(row["replayrl_step_cpu_s"], row["trl_step_cpu_s"])
             row["peak_ratio"] = ratio(row["replayrl_peak_mib"], row["trl_peak_mib"])
             rows.append(row)
-    columns = ["precompute_ref_log_probs", "replayrl_step_s", "trl_step_s", "step_ratio", "replayrl_peak_mib"]
+    columns = ["precompute_ref_log_probs", "replayrl_step_s", "trl_step_s", "step_ratio", "replayrl_step_cpu_s"]
+    columns += ["trl_step_cpu_s", "cpu_ratio", "replayrl_peak_mib"]
     columns += ["trl_peak_mib", "peak_ratio", "replayrl_setup_s", "trl_setup_s"]
     columns += ["replayrl_first_loss", "trl_first_loss"]
     table = print_table(rows, columns, "DPO: replayrl vs TRL (median seconds per optimizer step, peak RSS MiB)")
