@@ -27,17 +27,17 @@ PANELS: list[tuple[str, list[tuple[str, str]], str]] = [
     ("Completion length (tokens)", [("completion_length", "mean")], "not logged"),
     ("Entropy (nats per token)", [("entropy", "mean")], "not logged"),
 ]
-# Headline metrics of the preference trainers: drawn right after the losses when a run logs them.
-_HEADLINE = ("rewards/accuracies", "rewards/margins", "rewards/chosen", "accuracy", "margin")
+# Keys that only a GRPO run logs: they select PANELS.
+GRPO_KEYS = {"reward", "frac_reward_zero_std"}
 # Keys not worth a panel of their own when drawing a run of another trainer.
 _BOOKKEEPING = {
     "step",
     "epoch",
     "total_flos",
+    "train_loss",
     "train_runtime",
     "train_samples_per_second",
     "train_steps_per_second",
-    "train_loss",
 }
 
 
@@ -45,10 +45,9 @@ def panels_for(records: list[dict]) -> list[tuple[str, list[tuple[str, str]], st
     """GRPO's PANELS for a GRPO run; for any other trainer, one panel per logged metric (train and eval
     together), losses first, at most six."""
     keys = {k for r in records for k, v in r.items() if isinstance(v, (int, float)) and k not in _BOOKKEEPING}
-    if any(key in keys for _, lines, _ in PANELS for key, _ in lines):
+    if keys & GRPO_KEYS:  # not any PANELS key: other trainers log `entropy` too
         return PANELS
-    order = lambda k: ("loss" not in k, _HEADLINE.index(k) if k in _HEADLINE else len(_HEADLINE), k)  # noqa: E731
-    names = sorted({k.removeprefix("eval_") for k in keys}, key=order)[:6]
+    names = sorted({k.removeprefix("eval_") for k in keys}, key=_panel_order)[:6]
     return [(name, [(name, "train"), (f"eval_{name}", "eval")], "not logged") for name in names]
 
 
@@ -88,3 +87,11 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
     if not metrics.is_file():
         raise FileNotFoundError(f"no {METRICS_FILE} in {run_dir} (is it the output_dir of a replayrl run?)")
     return plot_metrics(read_metrics(metrics), output or run_dir / PLOT_FILE, title=str(run_dir))
+
+
+# Headline metrics of the preference trainers (DPO, reward): drawn right after the losses when a run logs them.
+_HEADLINE = ("rewards/accuracies", "rewards/margins", "rewards/chosen", "accuracy", "margin")
+
+
+def _panel_order(key: str) -> tuple:
+    return ("loss" not in key, _HEADLINE.index(key) if key in _HEADLINE else len(_HEADLINE), key)
