@@ -16,12 +16,9 @@ from replayrl.cli.common import PROG, CLIError, one_line
 
 # name -> (module, one-line description); a new trainer adds its line here.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "grpo": ("replayrl.cli.grpo", "train with GRPO and a replay buffer (built-in offline job without a model)"),
     "dpo": ("replayrl.cli.dpo", "train with DPO and its loss variants (built-in offline job without a model)"),
-    "reward": (
-        "replayrl.cli.reward",
-        "train a reward model on preference pairs (built-in offline job without a model)",
-    ),
+    "reward": ("replayrl.cli.reward", "train a reward model on preferences (built-in offline job without a model)"),
+    "grpo": ("replayrl.cli.grpo", "train with GRPO and a replay buffer (built-in offline job without a model)"),
     "plot": ("replayrl.cli.plot", "re-draw a run's plot from its metrics.jsonl"),
 }
 
