@@ -6,6 +6,7 @@ import pytest
 
 from replayrl.cli import main
 from replayrl.metrics import METRICS_FILE, PLOT_FILE, read_metrics
+from replayrl.tasks import addition
 
 
 @pytest.fixture(autouse=True)
@@ -15,7 +16,10 @@ def _in_tmp_dir(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("command", "metric"), [("dpo", "rewards/accuracies"), ("reward", "accuracy")])
-def test_builtin_job_runs_and_writes_metrics_and_plot(tmp_path, capsys, command, metric):
+def test_builtin_job_runs_and_writes_metrics_and_plot(tmp_path, capsys, monkeypatch, command, metric):
+    # The job as it is, but a 10-step warm-up of the policy instead of 300 (the slowest part on a busy machine).
+    real_warm_up = addition.warm_up
+    monkeypatch.setattr(addition, "warm_up", lambda model, tok, seed: real_warm_up(model, tok, seed, steps=10))
     out = tmp_path / command
     argv = [command, "--output_dir", str(out), "--max_steps", "4", "--logging_steps", "2", "--eval_steps", "2"]
     assert main(argv) == 0
