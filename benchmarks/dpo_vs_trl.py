@@ -5,7 +5,8 @@
 TRL runs in its own virtualenv (`benchmarks/.venv-trl`, made by `vs_trl.py`'s `ensure_trl_venv`, or any python
 given with --trl_python) with this environment's torch/transformers/accelerate/datasets, so only the trainer
 differs. Both sides load the same saved tiny Qwen2 (hidden 256, 4 layers, character tokenizer) and the same 256
-preference pairs (prompts 20-60 characters, completions 5-40), batch 8, max_length 256, one torch thread;
+preference pairs (prompts 20-60 characters, completions 5-40), batch 8, max_length 256, one torch thread, fp32
+and no gradient checkpointing on both sides (TRL 1.16's defaults are bf16=True, gradient_checkpointing=True);
 with and without precomputed reference log-probs. Sides alternate (replayrl, TRL, TRL, replayrl, ...), one
 fresh process per run; a side's figure is the median over rounds of its per-run median step time (the first 2
 steps skipped), in wall seconds and in the process's CPU seconds (fairer on a shared machine, where wall time

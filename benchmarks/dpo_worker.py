@@ -54,6 +54,9 @@ def main(side, model_dir, data, out, precompute, steps):
         output_dir=f"{out}.run", per_device_train_batch_size=8, max_steps=steps, learning_rate=1e-6, beta=0.1,
         max_length=256, precompute_ref_log_probs=bool(precompute), logging_steps=1, save_strategy="no",
         report_to="none", use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0,
+        # Pinned on both sides: TRL 1.16 defaults to bf16=True and gradient_checkpointing=True, replayrl to False
+        # (TrainingArguments' defaults); bf16 matmuls on this CPU were ~20x slower than fp32.
+        bf16=False, gradient_checkpointing=False,
     )  # fmt: skip
     timer = StepTimer()
     start = time.perf_counter()
