@@ -84,6 +84,17 @@ class RewardFunctions:
             resolved.append(tok)
         return resolved
 
+    def columns_used(self) -> set[str]:
+        """Dataset columns the reward functions name as parameters (besides the standard ones)."""
+        standard = {"prompts", "completions", "completion_ids", "trainer_state", "kwargs", "self"}
+        used = set()
+        for func in self.funcs:
+            if isinstance(func, PreTrainedModel):
+                continue
+            params = inspect.signature(func).parameters.values()
+            used |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} - standard
+        return used
+
     def models(self) -> list[PreTrainedModel]:
         return [f for f in self.funcs if isinstance(f, PreTrainedModel)]
 
@@ -117,7 +128,7 @@ class RewardFunctions:
 
     @staticmethod
     def _validate(name: str, out: Any, n: int) -> Tensor:
-        if isinstance(out, Tensor):
+        if isinstance(out, Tensor) or type(out).__module__ == "numpy":  # tensors and numpy arrays, as TRL
             out = out.tolist()
         if not isinstance(out, (list, tuple)) or len(out) != n:
             got = f"{type(out).__name__} of length {len(out)}" if hasattr(out, "__len__") else repr(out)
