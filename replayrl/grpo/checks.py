@@ -6,11 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 
-def check_datasets(args, train_dataset, eval_dataset, reward_columns: set[str]) -> None:
+def check_datasets(args, train_dataset, eval_dataset, reward_funcs) -> None:
     """Train and eval datasets against the config and the columns the reward functions read."""
     if train_dataset is None:
         raise ValueError("train_dataset is required: GRPOTrainer samples its prompts from it (as in TRL).")
     _check_prompts("train_dataset", train_dataset)
+    _check_required_columns("train_dataset", train_dataset, reward_funcs.columns_required())
+    reward_columns = reward_funcs.columns_used()
     needed = args.generation_batch_size // args.num_generations
     if hasattr(train_dataset, "__len__") and len(train_dataset) < needed:
         raise ValueError(
@@ -23,11 +25,25 @@ def check_datasets(args, train_dataset, eval_dataset, reward_columns: set[str]) 
         return
     for name, ds in _named(eval_dataset):
         _check_prompts(name, ds)
+        _check_required_columns(name, ds, reward_funcs.columns_required())
         missing = sorted(reward_columns & set(_columns(train_dataset) or ()) - set(_columns(ds) or reward_columns))
         if missing:
             raise ValueError(
                 f"{name} lacks the column(s) {missing} that the reward functions read (train_dataset has them); "
                 "evaluation would fail at its first batch. Add them to the eval dataset."
+            )
+
+
+def _check_required_columns(name: str, dataset, required: dict[str, set[str]]) -> None:
+    columns = _columns(dataset)
+    if columns is None:
+        return
+    for func, needed in required.items():
+        missing = sorted(needed - set(columns))
+        if missing:
+            raise ValueError(
+                f"Reward function {func!r} needs the column(s) {missing}, which {name} lacks (columns: {columns}). "
+                "Add them, or rename yours (e.g. dataset.rename_column('solution', 'answer'))."
             )
 
 

@@ -78,7 +78,7 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
 
             model = get_peft_model(model, peft_config)
         self.reward_funcs = RewardFunctions(reward_funcs, reward_processing_classes, args.reward_weights)
-        check_datasets(args, train_dataset, eval_dataset, self.reward_funcs.columns_used())
+        check_datasets(args, train_dataset, eval_dataset, self.reward_funcs)
         self.ref_model = self._build_ref_model(model, args, peft_config is not None)
 
         super().__init__(

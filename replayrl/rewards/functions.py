@@ -95,6 +95,21 @@ class RewardFunctions:
             used |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} - standard
         return used
 
+    def columns_required(self) -> dict[str, set[str]]:
+        """Per function name, the dataset columns it cannot do without: parameters with no default, and those
+        it declares in a `required_columns` attribute."""
+        standard = {"prompts", "completions", "completion_ids", "trainer_state"}
+        required = {}
+        for name, func in zip(self.names, self.funcs):
+            if isinstance(func, PreTrainedModel):
+                continue
+            params = inspect.signature(func).parameters.values()
+            named = {
+                p.name for p in params if p.default is p.empty and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+            }
+            required[name] = (named | set(getattr(func, "required_columns", ()))) - standard
+        return required
+
     def models(self) -> list[PreTrainedModel]:
         return [f for f in self.funcs if isinstance(f, PreTrainedModel)]
 
