@@ -50,10 +50,17 @@ def test_eval_dataset_without_a_column_the_reward_reads_is_refused(model, tokeni
     def needs_answer(completions, answer, **kwargs):
         return [float(c == a) for c, a in zip(completions, answer)]
 
+    def optional_answer(completions, answer=None, **kwargs):
+        return [float(c == a) for c, a in zip(completions, answer)]
+
     train = Dataset.from_dict({"prompt": ["1+1=", "2+2="] * 4, "answer": ["2", "4"] * 4})
     evaluation = Dataset.from_dict({"prompt": ["3+3=", "4+4="] * 2})
-    with pytest.raises(ValueError, match=r"eval_dataset lacks the column\(s\) \['answer'\]"):
+    with pytest.raises(ValueError, match=r"'needs_answer' needs the column\(s\) \['answer'\], which eval_dataset"):
         build(model, tokenizer, tmp_path, train, evaluation, funcs=needs_answer)
+    with pytest.raises(ValueError, match=r"eval_dataset lacks the column\(s\) \['answer'\]"):
+        build(model, tokenizer, tmp_path, train, evaluation, funcs=optional_answer)
+    with pytest.raises(ValueError, match=r"'needs_answer' needs the column\(s\) \['answer'\], which train_dataset"):
+        build(model, tokenizer, tmp_path, evaluation, funcs=needs_answer)
 
 
 @pytest.mark.parametrize(
