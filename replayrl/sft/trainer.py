@@ -1,0 +1,243 @@
+"""`SFTTrainer`: supervised fine-tuning on `transformers.Trainer`, with current TRL's API and the seed's names.
+
+One step, as data flows:
+  dataset -> format detected (`replayrl.data.formats`) -> tokenised, EOS once, masks, truncated
+  (`replayrl.data.sft`) -> optionally packed best-fit-decreasing (`replayrl.data.packing`) -> collated with
+  labels (-100 = no loss) and, for packed rows, a block-diagonal mask (`replayrl.data.collators`)
+  -> logits -> per-token loss (`nll` or `dft`, `replayrl.algos.sft`) summed over the trained tokens and divided by
+  the trained-token count of the whole accumulated batch (`num_items_in_batch`: every gradient-accumulation
+  micro-batch and, with `average_tokens_across_devices`, every process), so the update does not depend on how the
+  batch is split.
+Metrics: loss, mean_token_accuracy, entropy (token-weighted over the logging window, no autograd), num_tokens
+(input tokens seen so far, all processes).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
+
+from replayrl.algos.logprobs import entropy_from_logits, selective_log_softmax
+from replayrl.algos.sft import sft_token_loss, token_accuracy, token_sum_loss
+from replayrl.data.collators import IGNORE_INDEX, SFTDataCollator
+from replayrl.data.formats import check_sft_format, dataset_format
+from replayrl.data.sft import (
+    SFTTokenizeSettings,
+    apply_formatting_func,
+    check_chat_template,
+    load_chat_template,
+    prepare_sft_dataset,
+    resolve_eos_token_id,
+)
+from replayrl.metrics.callback import attach_metrics_file
+from replayrl.models.loading import load_causal_lm
+from replayrl.sft.config import SFTConfig
+
+# Seed (TRL 0.7) constructor arguments that are now SFTConfig fields: name -> config field.
+SEED_CONFIG_KWARGS = {
+    "dataset_text_field": "dataset_text_field",
+    "packing": "packing",
+    "max_seq_length": "max_length",
+    "dataset_num_proc": "dataset_num_proc",
+}
+
+
+class SFTTrainer(Trainer):
+    """TRL-compatible supervised fine-tuning trainer; see `SFTConfig` and `docs/sft.md`.
+
+    `model`: a name/path (loaded with `args.model_init_kwargs`) or a model object. `train_dataset` /
+    `eval_dataset`: language modeling (`text` / `messages`), prompt-completion (standard or conversational),
+    or pre-tokenised (`input_ids`). The seed's `tokenizer=`, `dataset_text_field=`, `packing=`,
+    `max_seq_length=` and `dataset_num_proc=` keywords are accepted and override `args`.
+    """
+
+    _tag_names = ["trl", "sft", "replayrl"]
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        args: SFTConfig | None = None,
+        data_collator=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        compute_metrics=None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: tuple = (None, None),
+        preprocess_logits_for_metrics=None,
+        peft_config=None,
+        formatting_func=None,
+        tokenizer=None,
+        **seed_kwargs: Any,
+    ):
+        model_id = model if isinstance(model, str) else model.config._name_or_path
+        args = self._resolve_args(args, model_id, seed_kwargs)
+        processing_class = self._resolve_tokenizer(processing_class, tokenizer, model_id, args)
+        model = load_causal_lm(model, args.model_init_kwargs)
+        if peft_config is not None:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, peft_config)
+        self._eos_token_id = resolve_eos_token_id(processing_class, args.eos_token)
+        train_dataset = self._prepare(train_dataset, processing_class, args, formatting_func, args.packing)
+        eval_packing = args.packing if args.eval_packing is None else args.eval_packing
+        if isinstance(eval_dataset, dict):
+            eval_dataset = {
+                k: self._prepare(v, processing_class, args, formatting_func, eval_packing)
+                for k, v in eval_dataset.items()
+            }
+        else:
+            eval_dataset = self._prepare(eval_dataset, processing_class, args, formatting_func, eval_packing)
+        if data_collator is None:
+            data_collator = SFTDataCollator(
+                pad_token_id=processing_class.pad_token_id,
+                completion_only_loss=args.completion_only_loss is not False,
+                assistant_only_loss=args.assistant_only_loss,
+                padding_free=args.padding_free,
+                attn_implementation=getattr(model.config, "_attn_implementation", None),
+                pad_to_multiple_of=args.pad_to_multiple_of,
+            )
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            compute_metrics=compute_metrics,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+        )
+        # compute_loss divides by num_items_in_batch, the trained tokens of the whole accumulated batch.
+        self.loss_is_scaled_for_ga = True
+        self._sums: dict[str, dict[str, list[float]]] = {m: defaultdict(lambda: [0.0, 0.0]) for m in ("train", "eval")}
+        self._total_tokens = 0
+        attach_metrics_file(self)
+
+    # ----------------------------------------------------------------------------------------- set-up
+    @staticmethod
+    def _resolve_args(args: SFTConfig | None, model_id: str, seed_kwargs: dict) -> SFTConfig:
+        unknown = sorted(set(seed_kwargs) - set(SEED_CONFIG_KWARGS))
+        if unknown:
+            raise TypeError(f"SFTTrainer got unexpected keyword arguments {unknown}; SFT options go in SFTConfig.")
+        if args is None:
+            args = SFTConfig(output_dir=f"{str(model_id).rstrip('/').split('/')[-1]}-SFT")
+        elif not isinstance(args, SFTConfig):
+            raise ValueError(f"args must be an SFTConfig, got {type(args).__name__}; build one with SFTConfig(...).")
+        for name, value in seed_kwargs.items():
+            if value is not None:
+                setattr(args, SEED_CONFIG_KWARGS[name], value)
+        args._validate()
+        return args
+
+    @staticmethod
+    def _resolve_tokenizer(processing_class, tokenizer, model_id: str, args: SFTConfig):
+        if tokenizer is not None:
+            if processing_class is not None and processing_class is not tokenizer:
+                raise ValueError("Pass the tokenizer once: `processing_class=` (current) or `tokenizer=` (seed).")
+            processing_class = tokenizer
+        if processing_class is None:
+            processing_class = AutoTokenizer.from_pretrained(model_id)
+        if args.pad_token is not None:
+            processing_class.pad_token = args.pad_token
+        if processing_class.pad_token is None:
+            processing_class.pad_token = processing_class.eos_token
+        if args.chat_template_path is not None:
+            load_chat_template(processing_class, args.chat_template_path)
+        return processing_class
+
+    def _prepare(self, dataset, tokenizer, args: SFTConfig, formatting_func, packing: bool):
+        """Format check, tokenisation, truncation and packing of one dataset (None passes through)."""
+        if dataset is None:
+            return None
+        if len(dataset) == 0:
+            raise ValueError("The dataset is empty: SFT needs at least one row.")
+        if formatting_func is not None:
+            dataset = apply_formatting_func(dataset, formatting_func, args.dataset_num_proc, args.dataset_text_field)
+        fmt = dataset_format(dataset, args.dataset_text_field)
+        check_sft_format(fmt, args.assistant_only_loss)
+        check_chat_template(tokenizer, fmt, args.assistant_only_loss)
+        settings = SFTTokenizeSettings(
+            eos_token_id=self._eos_token_id,
+            assistant_only_loss=args.assistant_only_loss,
+            max_length=args.max_length,
+            truncation_mode=args.truncation_mode,
+        )
+        return prepare_sft_dataset(
+            dataset,
+            tokenizer,
+            fmt,
+            settings,
+            completion_only_loss=args.completion_only_loss is not False,
+            packing=packing,
+            packing_strategy=args.packing_strategy,
+            num_proc=args.dataset_num_proc,
+        )
+
+    def _set_signature_columns_if_needed(self):
+        if self._signature_columns is None:
+            self._signature_columns = ["input_ids", "completion_mask", "assistant_masks", "seq_lengths"]
+
+    # ----------------------------------------------------------------------------------------- loss
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> Tensor | None:
+        """Trained tokens (labels != -100 after the causal shift) of all micro-batches of one optimizer step,
+        summed over processes when `average_tokens_across_devices`."""
+        if not batch_samples or "labels" not in batch_samples[0]:
+            return None
+        count = sum((b["labels"][..., 1:] != IGNORE_INDEX).sum() for b in batch_samples).to(device)
+        if self.args.average_tokens_across_devices and self.args.world_size > 1:
+            count = self.accelerator.gather(count).sum()
+        return count
+
+    def compute_loss(self, model, inputs: dict, return_outputs: bool = False, num_items_in_batch=None):
+        """Token-sum loss over labels != -100 divided by `num_items_in_batch` (else this micro-batch's count)."""
+        mode = "train" if self.model.training else "eval"
+        inputs = dict(inputs)
+        token_count = inputs.pop("token_count", None)
+        labels = inputs.pop("labels")
+        outputs = model(**inputs, use_cache=False)
+        logits, targets = outputs.logits[:, :-1], labels[:, 1:]
+        mask = targets != IGNORE_INDEX
+        token_logps = selective_log_softmax(logits, targets.clamp(min=0))
+        per_token = sft_token_loss(token_logps.float(), self.args.loss_type)
+        loss = token_sum_loss(per_token, mask, num_items_in_batch)
+        if num_items_in_batch is not None:
+            if self.args.average_tokens_across_devices and self.args.world_size > 1:
+                loss = loss * self.accelerator.num_processes  # DDP averages gradients over processes
+        elif mode == "train":
+            loss = loss / self.current_gradient_accumulation_steps
+        self._record_metrics(mode, logits, targets, mask, token_count if token_count is not None else mask.numel())
+        return (loss, outputs) if return_outputs else loss
+
+    # ----------------------------------------------------------------------------------------- metrics
+    def _record_metrics(self, mode: str, logits: Tensor, targets: Tensor, mask: Tensor, token_count) -> None:
+        """Add this micro-batch's (sum, count) pairs, reduced over processes, to the logging window."""
+        with torch.no_grad():
+            trained = logits.detach()[mask]  # (N, V)
+            correct, n = token_accuracy(logits.detach(), targets, mask)
+            entropy = entropy_from_logits(trained).sum() if len(trained) else torch.zeros((), device=logits.device)
+            local = torch.stack([correct.float(), entropy.float(), n.float(), torch.as_tensor(token_count).float()])
+            total = self.accelerator.reduce(local.to(self.accelerator.device), reduction="sum").tolist()
+        sums = self._sums[mode]
+        for key, value in (("mean_token_accuracy", total[0]), ("entropy", total[1])):
+            sums[key][0] += value
+            sums[key][1] += total[2]
+        if mode == "train":
+            self._total_tokens += int(total[3])
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "eval" if any(k.startswith("eval_") for k in logs) else "train"
+        prefix = "eval_" if mode == "eval" else ""
+        for key, (total, count) in self._sums[mode].items():
+            if count > 0:
+                logs[prefix + key] = total / count  # in place: evaluate() returns them too
+        if mode == "train":
+            logs["num_tokens"] = float(self._total_tokens)
+        self._sums[mode].clear()
+        super().log(logs, start_time)
+
