@@ -84,7 +84,7 @@ def check_sft_format(fmt: DatasetFormat, assistant_only_loss: bool = False) -> N
             "This is a prompt-only dataset (a 'prompt' column, no 'completion'): SFT needs targets. Add a "
             "'completion' column, or train on it with an online trainer such as GRPOTrainer."
         )
-    if assistant_only_loss and not fmt.conversational:
+    if assistant_only_loss and not fmt.conversational and fmt.kind != "tokenized":
         raise ValueError(
             f"assistant_only_loss=True needs conversational data ('messages' or message lists), got a "
             f"{fmt.describe()} dataset. Use completion_only_loss with prompt/completion columns instead."
