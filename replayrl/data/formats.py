@@ -47,9 +47,7 @@ def detect_format(columns: list[str], example: dict | None, dataset_text_field: 
     if "input_ids" in cols:
         return DatasetFormat("tokenized", conversational=False)
     if {"chosen", "rejected"} <= cols:
-        return DatasetFormat(
-            "preference", is_conversational(row.get("chosen")), implicit_prompt="prompt" not in cols
-        )
+        return DatasetFormat("preference", is_conversational(row.get("chosen")), implicit_prompt="prompt" not in cols)
     if {"prompt", "completion"} <= cols:
         return DatasetFormat("prompt_completion", is_conversational(row.get("prompt")))
     if dataset_text_field in cols:

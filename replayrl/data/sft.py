@@ -81,7 +81,7 @@ def resolve_eos_token_id(tokenizer, eos_token: str | None) -> int:
     if token is None:
         raise ValueError("The tokenizer has no eos_token: set `eos_token` in the config to the end-of-text token.")
     token_id = tokenizer.convert_tokens_to_ids(token)
-    if token_id is None or token_id == tokenizer.unk_token_id:
+    if token_id is None or (token_id == tokenizer.unk_token_id and token != tokenizer.unk_token):
         raise ValueError(f"eos_token={token!r} is not a token of the tokenizer's vocabulary; pass an existing token.")
     return token_id
 
@@ -92,7 +92,9 @@ def _with_eos(ids: list[int], eos_id: int) -> list[int]:
 
 def _prefix_length(prompt_ids: list[int], full_ids: list[int]) -> int:
     if full_ids[: len(prompt_ids)] != prompt_ids:
-        logger.warning("Tokenising prompt + completion changed the prompt's tokens; the completion mask is approximate.")
+        logger.warning(
+            "Tokenising prompt + completion changed the prompt's tokens; the completion mask is approximate."
+        )
     return len(prompt_ids)
 
 
@@ -115,9 +117,9 @@ def tokenize_row(example: dict, tokenizer, fmt: DatasetFormat, settings: SFTToke
         return {"input_ids": _with_eos(tokenizer(value).input_ids, settings.eos_token_id)}
     prompt, completion = example["prompt"], example["completion"]
     if fmt.conversational:
-        prompt_ids = tokenizer.apply_chat_template(
-            prompt, tokenize=True, return_dict=True, add_generation_prompt=True
-        )["input_ids"]
+        prompt_ids = tokenizer.apply_chat_template(prompt, tokenize=True, return_dict=True, add_generation_prompt=True)[
+            "input_ids"
+        ]
         row = _chat(tokenizer, [*prompt, *completion], settings.assistant_only_loss)
     else:
         prompt_ids = tokenizer(prompt).input_ids

@@ -45,7 +45,8 @@ class SFTConfig(TrainingArguments):
     )
     pad_token: str | None = field(default=None, metadata=_help("Padding token (None: the tokenizer's, else EOS)."))
     max_length: int | None = field(
-        default=1024, metadata=_help("Maximum tokens per row (truncation; the row length when packing). None: no limit.")
+        default=1024,
+        metadata=_help("Maximum tokens per row (truncation; the row length when packing). None: no limit."),
     )
     max_seq_length: int | None = field(
         default=None, metadata=_help("Deprecated alias of max_length (TRL < 0.20 name); sets max_length.")

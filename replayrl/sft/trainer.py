@@ -240,4 +240,3 @@ class SFTTrainer(Trainer):
             logs["num_tokens"] = float(self._total_tokens)
         self._sums[mode].clear()
         super().log(logs, start_time)
-
