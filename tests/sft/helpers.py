@@ -48,3 +48,8 @@ def trained_texts(tokenizer, batch) -> list[str]:
     """Per row, the decoded label tokens that reach the loss (after the causal shift)."""
     labels = batch["labels"][:, 1:]
     return [tokenizer.decode(row[row != -100]) for row in labels]
+
+
+def varied_dataset() -> Dataset:
+    """Four rows whose completions differ a lot in length: a per-micro-batch mean would weight tokens unevenly."""
+    return Dataset.from_dict({"prompt": ["a=", "b=", "c=", "d="], "completion": ["1", "123456789", "12", "1234"]})
