@@ -38,6 +38,10 @@ class SFTConfig(TrainingArguments):
         metadata=_help("A chat template file (.jinja) or tokenizer folder whose template replaces the tokenizer's."),
     )
     # Data
+    dataset_kwargs: dict[str, Any] | str | None = field(
+        default=None,
+        metadata=_help('Dataset preparation options; {"skip_prepare_dataset": true} uses the dataset as given.'),
+    )
     dataset_text_field: str = field(default="text", metadata=_help("Column holding the text (language modeling)."))
     dataset_num_proc: int | None = field(default=None, metadata=_help("Processes for tokenising the dataset."))
     eos_token: str | None = field(
@@ -85,10 +89,11 @@ class SFTConfig(TrainingArguments):
             warnings.warn("`max_seq_length` is deprecated: use `max_length`.", FutureWarning, stacklevel=2)
             self.max_length = self.max_seq_length
         super().__post_init__()
-        if isinstance(self.model_init_kwargs, str):  # a JSON string from the command line
-            import json
+        import json
 
-            self.model_init_kwargs = json.loads(self.model_init_kwargs)
+        for name in ("model_init_kwargs", "dataset_kwargs"):
+            if isinstance(getattr(self, name), str):  # a JSON string from the command line
+                setattr(self, name, json.loads(getattr(self, name)))
         self._validate()
 
     def _validate(self) -> None:

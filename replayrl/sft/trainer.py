@@ -14,6 +14,7 @@ Metrics: loss, mean_token_accuracy, entropy (token-weighted over the logging win
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from typing import Any
 
@@ -44,6 +45,8 @@ SEED_CONFIG_KWARGS = {
     "max_seq_length": "max_length",
     "dataset_num_proc": "dataset_num_proc",
 }
+# Seed arguments of its ConstantLengthDataset packing, which exact packing makes moot: accepted with a warning.
+SEED_IGNORED_KWARGS = ("infinite", "num_of_sequences", "chars_per_token", "dataset_batch_size")
 
 
 class SFTTrainer(Trainer):
@@ -65,9 +68,11 @@ class SFTTrainer(Trainer):
         train_dataset=None,
         eval_dataset=None,
         processing_class=None,
+        compute_loss_func=None,
         compute_metrics=None,
         callbacks: list[TrainerCallback] | None = None,
         optimizers: tuple = (None, None),
+        optimizer_cls_and_kwargs=None,
         preprocess_logits_for_metrics=None,
         peft_config=None,
         formatting_func=None,
@@ -108,9 +113,11 @@ class SFTTrainer(Trainer):
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
             processing_class=processing_class,
+            compute_loss_func=compute_loss_func,
             compute_metrics=compute_metrics,
             callbacks=callbacks,
             optimizers=optimizers,
+            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
             preprocess_logits_for_metrics=preprocess_logits_for_metrics,
         )
         # compute_loss divides by num_items_in_batch, the trained tokens of the whole accumulated batch.
@@ -122,9 +129,18 @@ class SFTTrainer(Trainer):
     # ----------------------------------------------------------------------------------------- set-up
     @staticmethod
     def _resolve_args(args: SFTConfig | None, model_id: str, seed_kwargs: dict) -> SFTConfig:
-        unknown = sorted(set(seed_kwargs) - set(SEED_CONFIG_KWARGS))
+        unknown = sorted(set(seed_kwargs) - set(SEED_CONFIG_KWARGS) - set(SEED_IGNORED_KWARGS))
         if unknown:
             raise TypeError(f"SFTTrainer got unexpected keyword arguments {unknown}; SFT options go in SFTConfig.")
+        ignored = sorted(k for k in seed_kwargs if k in SEED_IGNORED_KWARGS and seed_kwargs[k] is not None)
+        if ignored:
+            warnings.warn(
+                f"SFTTrainer ignores the seed's ConstantLengthDataset arguments {ignored}: packing is exact "
+                "(best-fit-decreasing, documents kept apart); see SFTConfig.packing / packing_strategy.",
+                UserWarning,
+                stacklevel=3,
+            )
+            seed_kwargs = {k: v for k, v in seed_kwargs.items() if k not in SEED_IGNORED_KWARGS}
         if args is None:
             args = SFTConfig(output_dir=f"{str(model_id).rstrip('/').split('/')[-1]}-SFT")
         elif not isinstance(args, SFTConfig):
@@ -153,8 +169,8 @@ class SFTTrainer(Trainer):
 
     def _prepare(self, dataset, tokenizer, args: SFTConfig, formatting_func, packing: bool):
         """Format check, tokenisation, truncation and packing of one dataset (None passes through)."""
-        if dataset is None:
-            return None
+        if dataset is None or (args.dataset_kwargs or {}).get("skip_prepare_dataset"):
+            return dataset
         if len(dataset) == 0:
             raise ValueError("The dataset is empty: SFT needs at least one row.")
         if formatting_func is not None:
@@ -203,9 +219,12 @@ class SFTTrainer(Trainer):
         outputs = model(**inputs, use_cache=False)
         logits, targets = outputs.logits[:, :-1], labels[:, 1:]
         mask = targets != IGNORE_INDEX
-        token_logps = selective_log_softmax(logits, targets.clamp(min=0))
-        per_token = sft_token_loss(token_logps.float(), self.args.loss_type)
-        loss = token_sum_loss(per_token, mask, num_items_in_batch)
+        if self.compute_loss_func is not None:  # the user's loss, given the same normaliser
+            loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
+        else:
+            token_logps = selective_log_softmax(logits, targets.clamp(min=0))
+            per_token = sft_token_loss(token_logps.float(), self.args.loss_type)
+            loss = token_sum_loss(per_token, mask, num_items_in_batch)
         if num_items_in_batch is not None:
             if self.args.average_tokens_across_devices and self.args.world_size > 1:
                 loss = loss * self.accelerator.num_processes  # DDP averages gradients over processes

@@ -179,7 +179,9 @@ def test_bad_input_errors(tmp_path):
         SFTTrainer(model, sft_args(tmp_path), train_dataset=preference, processing_class=tok)
     with pytest.raises(ValueError, match=r"columns \['question'\]"):
         SFTTrainer(model, sft_args(tmp_path), train_dataset=Dataset.from_dict({"question": ["q"]}), tokenizer=tok)
-    with pytest.raises(TypeError, match="unexpected keyword arguments \\['infinite'\\]"):
+    with pytest.raises(TypeError, match="unexpected keyword arguments \\['bogus'\\]"):
+        SFTTrainer(model, sft_args(tmp_path), train_dataset=addition_dataset(), tokenizer=tok, bogus=True)
+    with pytest.warns(UserWarning, match="ignores the seed's ConstantLengthDataset arguments \\['infinite'\\]"):
         SFTTrainer(model, sft_args(tmp_path), train_dataset=addition_dataset(), tokenizer=tok, infinite=True)
     with pytest.raises(ValueError, match="loss_type='mse'"):
         sft_args(tmp_path, loss_type="mse")
@@ -189,3 +191,19 @@ def test_bad_input_errors(tmp_path):
         from transformers import TrainingArguments
 
         SFTTrainer(model, TrainingArguments(output_dir=str(tmp_path)), train_dataset=addition_dataset(), tokenizer=tok)
+
+
+def test_compute_loss_func_and_skip_prepare_dataset(tmp_path):
+    tok = build_tokenizer()
+    calls = []
+
+    def my_loss(outputs, labels, num_items_in_batch=None):
+        calls.append(int(num_items_in_batch))
+        return outputs.logits.float().pow(2).mean()
+
+    rows = Dataset.from_dict({"input_ids": [[5, 6, 7], [8, 9]]})
+    args = sft_args(tmp_path, max_steps=1, dataset_kwargs={"skip_prepare_dataset": True})
+    trainer = SFTTrainer(tiny(tok), args, train_dataset=rows, processing_class=tok, compute_loss_func=my_loss)
+    assert trainer.train_dataset is rows
+    trainer.train()
+    assert calls == [3]  # labels after the shift: 2 + 1 tokens
