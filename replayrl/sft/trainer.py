@@ -89,23 +89,9 @@ class SFTTrainer(Trainer):
             model = get_peft_model(model, peft_config)
         self._eos_token_id = resolve_eos_token_id(processing_class, args.eos_token)
         train_dataset = self._prepare(train_dataset, processing_class, args, formatting_func, args.packing)
-        eval_packing = args.packing if args.eval_packing is None else args.eval_packing
-        if isinstance(eval_dataset, dict):
-            eval_dataset = {
-                k: self._prepare(v, processing_class, args, formatting_func, eval_packing)
-                for k, v in eval_dataset.items()
-            }
-        else:
-            eval_dataset = self._prepare(eval_dataset, processing_class, args, formatting_func, eval_packing)
+        eval_dataset = self._prepare_eval(eval_dataset, processing_class, args, formatting_func)
         if data_collator is None:
-            data_collator = SFTDataCollator(
-                pad_token_id=processing_class.pad_token_id,
-                completion_only_loss=args.completion_only_loss is not False,
-                assistant_only_loss=args.assistant_only_loss,
-                padding_free=args.padding_free,
-                attn_implementation=getattr(model.config, "_attn_implementation", None),
-                pad_to_multiple_of=args.pad_to_multiple_of,
-            )
+            data_collator = self._default_collator(model, processing_class, args)
         super().__init__(
             model=model,
             args=args,
@@ -193,6 +179,23 @@ class SFTTrainer(Trainer):
             packing=packing,
             packing_strategy=args.packing_strategy,
             num_proc=args.dataset_num_proc,
+        )
+
+    def _prepare_eval(self, eval_dataset, tokenizer, args: SFTConfig, formatting_func):
+        packing = args.packing if args.eval_packing is None else args.eval_packing
+        if isinstance(eval_dataset, dict):
+            return {k: self._prepare(v, tokenizer, args, formatting_func, packing) for k, v in eval_dataset.items()}
+        return self._prepare(eval_dataset, tokenizer, args, formatting_func, packing)
+
+    @staticmethod
+    def _default_collator(model, tokenizer, args: SFTConfig) -> SFTDataCollator:
+        return SFTDataCollator(
+            pad_token_id=tokenizer.pad_token_id,
+            completion_only_loss=args.completion_only_loss is not False,
+            assistant_only_loss=args.assistant_only_loss,
+            padding_free=args.padding_free,
+            attn_implementation=getattr(model.config, "_attn_implementation", None),
+            pad_to_multiple_of=args.pad_to_multiple_of,
         )
 
     def _set_signature_columns_if_needed(self):
