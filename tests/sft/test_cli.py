@@ -5,6 +5,7 @@ import pytest
 from replayrl.cli import COMMANDS, main
 from replayrl.cli.common import CLIError
 from replayrl.cli.sft import parse_sft_args, run
+from replayrl.metrics.plot import panels_for
 
 
 def test_default_job_runs_and_writes_metrics_and_plot(tmp_path, capsys):
@@ -15,6 +16,8 @@ def test_default_job_runs_and_writes_metrics_and_plot(tmp_path, capsys):
     assert len(losses) == 4 and losses[-1] < losses[0]
     assert any("eval_mean_token_accuracy" in r for r in records)
     assert (out / "training.png").stat().st_size > 0 and (out / "config.json").exists()
+    titles = [title for title, _, _ in panels_for(records)]  # SFT's own curves, not GRPO's reward panels
+    assert "mean_token_accuracy" in titles and "loss" in titles and "Reward" not in titles
     printed = capsys.readouterr().out
     assert "loss:" in printed and "mean_token_accuracy:" in printed and "held-out sums answered exactly" in printed
 
