@@ -157,6 +157,11 @@ class SFTTrainer(Trainer):
         """Format check, tokenisation, truncation and packing of one dataset (None passes through)."""
         if dataset is None or (args.dataset_kwargs or {}).get("skip_prepare_dataset"):
             return dataset
+        if not hasattr(dataset, "column_names") or not hasattr(dataset, "__len__"):
+            raise ValueError(
+                f"Expected a datasets.Dataset, got {type(dataset).__name__}; streaming (IterableDataset) datasets are "
+                "not supported: load the split without streaming=True."
+            )
         if len(dataset) == 0:
             raise ValueError("The dataset is empty: SFT needs at least one row.")
         if formatting_func is not None:
