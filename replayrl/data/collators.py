@@ -6,14 +6,16 @@ document after the first: with the causal shift that label would be predicted fr
 an unpacked row never does. So a packed batch and the same documents unpacked train on exactly the same tokens.
 
 Rows holding several documents (`seq_lengths`, from packing or `padding_free`) get `position_ids` restarting at 0
-per document and, except under FlashAttention (which reads the boundaries from the position ids), a 4-D
-block-diagonal causal `attention_mask`: bool for sdpa, additive float for eager.
+per document and a 4-D block-diagonal causal `attention_mask`: bool for sdpa, additive float for eager. Under
+FlashAttention such batches are flattened into one row (B = 1) with `cu_seq_lens_q/k` for the varlen kernels
+and no attention mask.
 
 The batch also carries `token_count` (real, non-padding input tokens), which the trainer pops for `num_tokens`.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -41,14 +43,11 @@ class SFTDataCollator:
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         rows = [self._row(f) for f in features]
+        flash = "flash" in (self.attn_implementation or "")
+        if flash and (self.padding_free or any(len(lengths) > 1 for _, _, lengths in rows)):
+            return self._varlen_batch(_flatten(rows))
         if self.padding_free:
-            rows = [
-                (
-                    [t for ids, _, _ in rows for t in ids],
-                    [t for _, labels, _ in rows for t in labels],
-                    [n for _, _, lengths in rows for n in lengths],
-                )
-            ]
+            rows = [_flatten(rows)]
         return self._batch(rows)
 
     def _row(self, feature: dict) -> tuple[list[int], list[int], list[int]]:
@@ -83,8 +82,36 @@ class SFTDataCollator:
             batch["attention_mask"] = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _, _ in rows])
             return batch
         batch["position_ids"] = torch.tensor([position_ids_from_lengths(lengths, width) for lengths in seq_lengths])
-        if "flash" in (self.attn_implementation or ""):
-            return batch  # varlen kernels: boundaries from position_ids
         mask = block_causal_mask(seq_lengths, width)
         batch["attention_mask"] = additive_mask(mask, self.mask_dtype) if self.attn_implementation == "eager" else mask
         return batch
+
+    def _varlen_batch(self, row: tuple[list[int], list[int], list[int]]) -> dict[str, torch.Tensor]:
+        """FlashAttention: one flattened row (B = 1) with the document boundaries as `cu_seq_lens_q/k` for the
+        varlen kernels (given here, on the CPU, so the model does not derive them from position_ids in every
+        layer) and no attention mask. Padding, if any, is one more sequence at the end, with labels -100."""
+        ids, labels, lengths = row
+        width = self._width([row])
+        pad = width - len(ids)
+        if pad:
+            lengths = [*lengths, pad]
+        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+        return {
+            "input_ids": torch.tensor([ids + [self.pad_token_id] * pad]),
+            "labels": torch.tensor([labels + [IGNORE_INDEX] * pad]),
+            "position_ids": torch.tensor([position_ids_from_lengths(lengths, width)]),
+            "cu_seq_lens_q": cu,
+            "cu_seq_lens_k": cu,
+            "max_length_q": max(lengths),
+            "max_length_k": max(lengths),
+            "token_count": torch.tensor(len(ids)),
+        }
+
+
+def _flatten(rows: list[tuple[list[int], list[int], list[int]]]) -> tuple[list[int], list[int], list[int]]:
+    """Several (ids, labels, seq_lengths) rows as one row of all their documents."""
+    return (
+        [t for ids, _, _ in rows for t in ids],
+        [t for _, labels, _ in rows for t in labels],
+        [n for _, _, lengths in rows for n in lengths],
+    )

@@ -62,8 +62,21 @@ def test_padding_free_flattens_the_batch():
     assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9]]
     assert batch["labels"].tolist() == [[-100, 6, 7, -100, 9]]
     assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1]]
-    flash = SFTDataCollator(pad_token_id=0, padding_free=True, attn_implementation="flash_attention_2")(features)
-    assert "attention_mask" not in flash  # varlen kernels read the boundaries from position_ids
+
+
+def test_flash_attention_batches_are_flat_with_sequence_boundaries():
+    features = [{"input_ids": [5, 6, 7, 8, 9], "seq_lengths": [3, 2]}, {"input_ids": [4, 3]}]
+    collate = SFTDataCollator(pad_token_id=0, attn_implementation="flash_attention_2", pad_to_multiple_of=8)
+    batch = collate(features)
+    assert "attention_mask" not in batch  # the varlen kernels take the boundaries instead
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 4, 3, 0]]
+    assert batch["labels"].tolist() == [[-100, 6, 7, -100, 9, -100, 3, -100]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1, 0]]
+    assert batch["cu_seq_lens_q"].tolist() == [0, 3, 5, 7, 8] and batch["max_length_q"] == 3
+    assert batch["token_count"].item() == 7
+    # unpacked rows without padding_free keep the ordinary padded batch and 2-D mask
+    plain = collate([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])
+    assert plain["attention_mask"].tolist() == [[1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0, 0]]
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
