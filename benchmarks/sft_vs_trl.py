@@ -54,7 +54,8 @@ def run_worker(python: Path, args: list[str], log: Path) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run([str(python), str(BENCH_DIR / "sft_worker.py"), *args], capture_output=True, text=True, env=env)
+    cmd = [str(python), str(BENCH_DIR / "sft_worker.py"), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     log.write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -113,7 +114,8 @@ def main(argv=None) -> None:
     speedups = {impl: ratio(rows[1][f"{impl}_tok_s"], rows[0][f"{impl}_tok_s"]) for impl in ("replayrl", "trl")}
     columns = ["packing", "replayrl_tok_s", "trl_tok_s", "tok_s_ratio", "replayrl_rss", "trl_rss", "rss_ratio"]
     table = print_table(rows, columns, title="\nreplayrl vs TRL SFTTrainer (ratios replayrl / TRL)")
-    print("packing speed-up (packed tok/s / unpacked tok/s): " + ", ".join(f"{k} {v:.2f}x" for k, v in speedups.items()))
+    gains = ", ".join(f"{k} {v:.2f}x" for k, v in speedups.items())
+    print(f"packing speed-up (packed tok/s / unpacked tok/s): {gains}")
     payload = {"trl_version": TRL_VERSION, "requirements": pinned_requirements(), "rounds": rounds, "rows": rows}
     write_results("sft_vs_trl", {**payload, "packing_speedup": speedups, "table": table, "runs": runs}, args.quick)
     remove_scratch(work)

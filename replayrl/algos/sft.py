@@ -51,16 +51,27 @@ def token_sum_loss(per_token: Tensor, mask: Tensor, num_items: Tensor | int | fl
     total = (per_token * mask).sum()
     if num_items is None:
         num_items = mask.sum()
-    if isinstance(num_items, Tensor):
-        num_items = num_items.to(total.device, total.dtype)
-    return total / (num_items if float(num_items) > 0 else 1)
+    if isinstance(num_items, Tensor):  # no .item(): no host sync per micro-batch
+        return total / num_items.to(total.device, total.dtype).clamp(min=1)
+    return total / (num_items if num_items > 0 else 1)
 
 
-def token_accuracy(logits: Tensor, labels: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """(number of trained tokens whose argmax prediction is the label, number of trained tokens).
+def trained_token_stats(
+    logits: Tensor, labels: Tensor, mask: Tensor, chunk_size: int = 1024
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(correct, entropy_sum, count) over the trained tokens, without autograd.
 
-    `logits: (B, T, V)` already aligned with `labels: (B, T)`, `mask: (B, T)` bool.
+    `logits: (B, T, V)` already aligned with `labels: (B, T)`; `mask: (B, T)` bool. `correct`: trained tokens whose
+    argmax prediction is the label; `entropy_sum`: summed entropy (nats) of the predicted distributions; `count`:
+    trained tokens. Works `chunk_size` trained positions at a time, so no (N, V) copy of the logits is made.
     """
     with torch.no_grad():
-        correct = (logits.argmax(-1) == labels) & mask
-        return correct.sum(), mask.sum()
+        rows, cols = mask.nonzero(as_tuple=True)
+        correct = torch.zeros((), dtype=torch.long, device=logits.device)
+        entropy = torch.zeros((), dtype=torch.float32, device=logits.device)
+        for r, c in zip(rows.split(chunk_size), cols.split(chunk_size)):
+            chunk = logits[r, c].float()  # (n, V)
+            correct += (chunk.argmax(-1) == labels[r, c]).sum()
+            logps = torch.log_softmax(chunk, dim=-1)
+            entropy += -torch.where(logps > -torch.inf, logps.exp() * logps, 0).sum()
+        return correct, entropy, rows.new_tensor(len(rows))

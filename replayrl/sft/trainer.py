@@ -15,15 +15,14 @@ Metrics: loss, mean_token_accuracy, entropy (token-weighted over the logging win
 from __future__ import annotations
 
 import warnings
-from collections import defaultdict
 from typing import Any
 
 import torch
 from torch import Tensor
 from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
 
-from replayrl.algos.logprobs import entropy_from_logits, selective_log_softmax
-from replayrl.algos.sft import sft_token_loss, token_accuracy, token_sum_loss
+from replayrl.algos.logprobs import selective_log_softmax
+from replayrl.algos.sft import sft_token_loss, token_sum_loss, trained_token_stats
 from replayrl.data.collators import IGNORE_INDEX, SFTDataCollator
 from replayrl.data.formats import check_sft_format, dataset_format
 from replayrl.data.sft import (
@@ -108,7 +107,7 @@ class SFTTrainer(Trainer):
         )
         # compute_loss divides by num_items_in_batch, the trained tokens of the whole accumulated batch.
         self.loss_is_scaled_for_ga = True
-        self._sums: dict[str, dict[str, list[float]]] = {m: defaultdict(lambda: [0.0, 0.0]) for m in ("train", "eval")}
+        self._sums: dict[str, Tensor] = {}  # mode -> (correct, entropy sum, trained tokens, input tokens)
         self._total_tokens = 0
         attach_metrics_file(self)
 
@@ -243,27 +242,28 @@ class SFTTrainer(Trainer):
 
     # ----------------------------------------------------------------------------------------- metrics
     def _record_metrics(self, mode: str, logits: Tensor, targets: Tensor, mask: Tensor, token_count) -> None:
-        """Add this micro-batch's (sum, count) pairs, reduced over processes, to the logging window."""
-        with torch.no_grad():
-            trained = logits.detach()[mask]  # (N, V)
-            correct, n = token_accuracy(logits.detach(), targets, mask)
-            entropy = entropy_from_logits(trained).sum() if len(trained) else torch.zeros((), device=logits.device)
-            local = torch.stack([correct.float(), entropy.float(), n.float(), torch.as_tensor(token_count).float()])
-            total = self.accelerator.reduce(local.to(self.accelerator.device), reduction="sum").tolist()
-        sums = self._sums[mode]
-        for key, value in (("mean_token_accuracy", total[0]), ("entropy", total[1])):
-            sums[key][0] += value
-            sums[key][1] += total[2]
-        if mode == "train":
-            self._total_tokens += int(total[3])
+        """Add this micro-batch's (correct, entropy sum, trained tokens, input tokens) to the logging window.
+        Kept on the device and reduced over processes once per log, not once per micro-batch."""
+        correct, entropy, n = trained_token_stats(logits.detach(), targets, mask)
+        local = torch.stack(
+            [correct.float(), entropy, n.float(), torch.as_tensor(token_count, device=n.device).float()]
+        )
+        window = self._sums.get(mode)
+        self._sums[mode] = local if window is None else window + local
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Every process calls this at the same points (Trainer logs on all ranks), so the reduction is safe."""
         mode = "eval" if any(k.startswith("eval_") for k in logs) else "train"
         prefix = "eval_" if mode == "eval" else ""
-        for key, (total, count) in self._sums[mode].items():
-            if count > 0:
-                logs[prefix + key] = total / count  # in place: evaluate() returns them too
+        window = self._sums.pop(mode, None)
+        local = window if window is not None else torch.zeros(4)
+        correct, entropy, n, tokens = self.accelerator.reduce(
+            local.to(self.accelerator.device), reduction="sum"
+        ).tolist()
+        if n > 0:  # in place: evaluate() returns them too
+            logs[prefix + "mean_token_accuracy"] = correct / n
+            logs[prefix + "entropy"] = entropy / n
         if mode == "train":
+            self._total_tokens += int(tokens)
             logs["num_tokens"] = float(self._total_tokens)
-        self._sums[mode].clear()
         super().log(logs, start_time)

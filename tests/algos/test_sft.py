@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from replayrl.algos.sft import dft_token_loss, nll_token_loss, sft_token_loss, token_accuracy, token_sum_loss
+from replayrl.algos.sft import dft_token_loss, nll_token_loss, sft_token_loss, token_sum_loss, trained_token_stats
 
 
 def test_nll_and_dft_by_hand():
@@ -33,9 +33,14 @@ def test_token_sum_loss_divides_by_the_whole_batch_count():
     assert token_sum_loss(per_token, torch.zeros_like(mask)).item() == 0.0
 
 
-def test_token_accuracy():
-    logits = torch.tensor([[[0.0, 1.0], [2.0, 0.0], [0.0, 5.0]]])
-    labels = torch.tensor([[1, 1, 1]])
+def test_trained_token_stats_by_hand():
+    # position 0: uniform over 2 -> entropy ln 2, argmax 0 (ties: first) vs label 1 -> wrong
+    # position 1: logits (ln 3, 0) -> p = (0.75, 0.25), entropy 0.562335, argmax 0 == label 0 -> right
+    # position 2: not trained
+    logits = torch.tensor([[[0.0, 0.0], [math.log(3.0), 0.0], [0.0, 5.0]]])
+    labels = torch.tensor([[1, 0, 1]])
     mask = torch.tensor([[True, True, False]])
-    correct, n = token_accuracy(logits, labels, mask)
-    assert (correct.item(), n.item()) == (1, 2)
+    for chunk_size in (1, 1024):
+        correct, entropy, n = trained_token_stats(logits, labels, mask, chunk_size=chunk_size)
+        assert (correct.item(), n.item()) == (1, 2)
+        assert entropy.item() == pytest.approx(math.log(2) + 0.562335, abs=1e-6)
