@@ -33,9 +33,10 @@ def main(out: str, packing: bool) -> None:
     trainer = SFTTrainer(model, args=args, train_dataset=varied_dataset(), processing_class=tok)
     trainer.train()
     if trainer.accelerator.is_main_process:
-        loss = next(h["loss"] for h in trainer.state.log_history if "loss" in h)
+        log = next(h for h in trainer.state.log_history if "loss" in h)
         params = [p.detach().cpu() for p in trainer.model.parameters()]
-        torch.save({"world": trainer.accelerator.num_processes, "loss": loss, "params": params}, f"{out}/result.pt")
+        result = {"world": trainer.accelerator.num_processes, "loss": log["loss"], "params": params, "log": log}
+        torch.save(result, f"{out}/result.pt")
 
 
 if __name__ == "__main__":

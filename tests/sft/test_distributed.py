@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from replayrl.models.tiny import build_tokenizer
 from tests.sft.helpers import varied_dataset
 from tests.sft.test_trainer import one_step
 
@@ -35,3 +36,10 @@ def test_two_packed_processes_match_one_unpacked_process(tmp_path):
     )
     assert result["loss"] == pytest.approx(loss, abs=1e-5)
     torch.testing.assert_close(torch.cat([p.flatten() for p in result["params"]]), params, rtol=1e-4, atol=1e-6)
+    # metrics are reduced over both processes: every input token of the global batch is counted once
+    tok = build_tokenizer()
+    rows = varied_dataset()
+    assert result["log"]["num_tokens"] == sum(
+        len(tok(p + c).input_ids) + 1 for p, c in zip(rows["prompt"], rows["completion"])
+    )
+    assert 0.0 <= result["log"]["mean_token_accuracy"] <= 1.0 and result["log"]["entropy"] > 0
