@@ -200,7 +200,7 @@ def prepare_sft_dataset(
     """
     from datasets import Dataset
 
-    from replayrl.data.packing import pack_columns
+    from replayrl.data.packing import pack_columns, pack_dataset_bfd
 
     truncate = not (packing and packing_strategy == "wrapped")
     tokenized = dataset.map(
@@ -221,5 +221,7 @@ def prepare_sft_dataset(
         return tokenized
     if settings.max_length is None:
         raise ValueError("packing=True needs max_length (the length of a packed row); set max_length.")
+    if packing_strategy == "bfd":
+        return pack_dataset_bfd(tokenized, settings.max_length)
     columns = {name: tokenized[name] for name in tokenized.column_names}
     return Dataset.from_dict(pack_columns(columns, settings.max_length, packing_strategy))

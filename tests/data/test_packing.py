@@ -7,6 +7,7 @@ from replayrl.data.packing import (
     best_fit_decreasing,
     block_causal_mask,
     pack_bfd,
+    pack_dataset_bfd,
     pack_wrapped,
     position_ids_from_lengths,
 )
@@ -30,6 +31,19 @@ def test_pack_bfd_keeps_every_document_whole():
     assert packed["input_ids"] == [[1] * 5 + [3] * 3, [2] * 4]
     assert packed["completion_mask"] == [[0] * 5 + [0, 1, 1], [1] * 4]
     assert packed["seq_lengths"] == [[5, 3], [4]]
+
+
+def test_arrow_packing_equals_the_list_reference():
+    import random
+
+    from datasets import Dataset
+
+    rng = random.Random(0)
+    docs = [[rng.randrange(100) for _ in range(rng.randint(1, 32))] for _ in range(200)]
+    data = Dataset.from_dict({"input_ids": docs, "completion_mask": [[i % 2 for i in range(len(d))] for d in docs]})
+    data = data.select(range(5, 180))  # a view with an indices mapping, as after shuffle/select
+    expected = pack_bfd({name: data[name] for name in data.column_names}, 32)
+    assert pack_dataset_bfd(data, 32).to_dict() == expected
 
 
 def test_pack_wrapped_splits_documents_at_row_ends():
