@@ -76,7 +76,7 @@ class SFTConfig(TrainingArguments):
     )
     assistant_only_loss: bool = field(
         default=False,
-        metadata=_help("Train only on the assistant's tokens (needs a chat template with {% generation %} marks)."),
+        metadata=_help("Train only on the assistant's tokens (needs a chat template with generation marks)."),
     )
     loss_type: Literal["nll", "dft"] = field(
         default="nll", metadata=_help("nll: negative log-likelihood; dft: Dynamic Fine-Tuning (arXiv 2508.05629).")

@@ -43,3 +43,22 @@ def test_recipe_and_bad_input(tmp_path, capsys):
     args = ["--dataset_name", str(data), "--output_dir", str(tmp_path / "o")]
     assert main(["sft", *args]) == 2
     assert "Cannot tell the dataset's format" in capsys.readouterr().err
+
+
+def test_help_lists_the_sft_flags(capsys):
+    assert main(["sft", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--packing_strategy" in text and "--assistant_only_loss" in text and "--dataset_train_split" in text
+
+
+def test_local_model_and_jsonl_with_packing(tmp_path, model_dir, capsys):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+1=", "completion": str(a + 1)}) + "\n" for a in range(12)))
+    out = tmp_path / "run"
+    argv = ["--model_name_or_path", model_dir, "--dataset_name", str(data), "--output_dir", str(out)]
+    argv += ["--max_steps", "2", "--packing", "true", "--max_length", "32", "--logging_steps", "1"]
+    argv += ["--dataloader_pin_memory", "false"]
+    assert main(["sft", *argv]) == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sum("loss" in r for r in records) == 2 and (out / "model.safetensors").exists()
+    assert "held-out" not in capsys.readouterr().out  # only the built-in job has the addition check
