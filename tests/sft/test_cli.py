@@ -62,3 +62,13 @@ def test_local_model_and_jsonl_with_packing(tmp_path, model_dir, capsys):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert sum("loss" in r for r in records) == 2 and (out / "model.safetensors").exists()
     assert "held-out" not in capsys.readouterr().out  # only the built-in job has the addition check
+
+
+def test_example_recipe_parses():
+    from pathlib import Path
+
+    recipe = Path(__file__).parents[2] / "examples" / "sft_qwen2_0.5b_capybara.yaml"
+    script, config = parse_sft_args(["--config", str(recipe), "--use_cpu"])  # bf16 needs --use_cpu on a CPU machine
+    assert (script.model_name_or_path, script.dataset_name) == ("Qwen/Qwen2.5-0.5B", "trl-lib/Capybara")
+    assert config.packing and config.max_length == 2048 and config.bf16 and config.learning_rate == 2e-5
+    assert config.model_init_kwargs == {"dtype": "bfloat16"}
