@@ -14,6 +14,8 @@ _EXPORTS = {
     "GRPOWithReplayBufferConfig": "replayrl.replay.config",
     "GRPOWithReplayBufferTrainer": "replayrl.replay.trainer",
     "ReplayBuffer": "replayrl.replay.buffer",
+    "SFTConfig": "replayrl.sft.config",
+    "SFTTrainer": "replayrl.sft.trainer",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
