@@ -11,9 +11,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from transformers import TrainingArguments
-
 from replayrl.algos.sft import SFT_LOSS_TYPES
+from replayrl.training_args import TrainingArguments
 
 PACKING_STRATEGIES = ("bfd", "wrapped")
 TRUNCATION_MODES = ("keep_start", "keep_end")

@@ -23,6 +23,7 @@ from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallbac
 
 from replayrl.algos.logprobs import selective_log_softmax
 from replayrl.algos.sft import sft_token_loss, token_sum_loss, trained_token_stats
+from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.collators import IGNORE_INDEX, SFTDataCollator
 from replayrl.data.formats import check_sft_format, dataset_format
 from replayrl.data.sft import (
@@ -48,7 +49,7 @@ SEED_CONFIG_KWARGS = {
 SEED_IGNORED_KWARGS = ("infinite", "num_of_sequences", "chars_per_token", "dataset_batch_size")
 
 
-class SFTTrainer(Trainer):
+class SFTTrainer(SafeCheckpointsMixin, Trainer):
     """TRL-compatible supervised fine-tuning trainer; see `SFTConfig` and `docs/sft.md`.
 
     `model`: a name/path (loaded with `args.model_init_kwargs`) or a model object. `train_dataset` /

@@ -209,3 +209,22 @@ def test_compute_loss_func_and_skip_prepare_dataset(tmp_path):
     assert trainer.train_dataset is rows
     trainer.train()
     assert calls == [3]  # labels after the shift: 2 + 1 tokens
+
+
+def test_sft_checkpoints_are_complete_and_resume_true_picks_them(tmp_path):
+    """SFT saves through the shared safe-checkpoint mechanism: completeness marker, resume=True, no mixing."""
+    from replayrl.checkpoints import COMPLETE_MARKER
+
+    tok = build_tokenizer()
+
+    def run(resume=None, **overrides):
+        args = sft_args(tmp_path, save_strategy="steps", save_steps=1, **overrides)
+        trainer = SFTTrainer(tiny(tok), args=args, train_dataset=addition_dataset(), processing_class=tok)
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    run()
+    assert (tmp_path / "out" / "checkpoint-2" / COMPLETE_MARKER).exists()
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        run()
+    assert run(resume=True, max_steps=3).state.global_step == 3
