@@ -1,0 +1,119 @@
+"""Run under `accelerate launch` by tests/grpo/test_fsdp.py (CPU, gloo, 2 processes) and by the GPU check in
+docs/distributed.md (1 process).
+
+fsdp2:  a tiny GRPOTrainer.train() for 2 steps under examples/accelerate/fsdp2.yaml; reports how accelerate
+        actually ran it (distributed type, FSDP2 or not, DTensor parameters) and what it logged.
+resume: GRPOWithReplayBufferTrainer saves a checkpoint at step 2, then a second trainer resumes it with
+        resume_from_checkpoint=True and trains to step 4; reports each rank's buffer before and after.
+"""
+
+import json
+import os
+import sys
+
+import torch
+from accelerate.utils import gather_object
+
+from replayrl import GRPOConfig, GRPOTrainer, GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
+from replayrl.models.tiny import build_tiny_model, build_tokenizer, prompt_dataset
+
+
+def varied_reward(completions, **kwargs):
+    return [float(sum(map(ord, c)) % 7) for c in completions]
+
+
+def common(out, **overrides):
+    on_gpu = torch.cuda.is_available()
+    kwargs = dict(
+        output_dir=out,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=6,
+        max_prompt_length=32,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=not on_gpu,
+        seed=0,
+        disable_tqdm=True,
+    )
+    return {**kwargs, **overrides}
+
+
+def buffer_of(trainer) -> list:
+    return [(g.uid, round(g.score, 6), g.version) for g in trainer.replay_buffer.groups]
+
+
+def run_fsdp2(out: str) -> dict:
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1)
+    args = GRPOConfig(**common(out, max_steps=2, beta=0.0))
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=varied_reward, args=args, train_dataset=prompt_dataset(16), processing_class=tok
+    )
+    trainer.train()
+    from torch.distributed.tensor import DTensor
+
+    acc = trainer.accelerator
+    return {
+        "rank": acc.process_index,
+        "world": acc.num_processes,
+        "distributed_type": str(acc.distributed_type),
+        "is_fsdp2": bool(getattr(acc, "is_fsdp2", False)),
+        "dtensor_params": sum(isinstance(p, DTensor) for p in trainer.model.parameters()),
+        "params": sum(1 for _ in trainer.model.parameters()),
+        "device": str(acc.device),
+        "global_step": trainer.state.global_step,
+        "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+    }
+
+
+def run_resume(out: str) -> dict:
+    tok = build_tokenizer()
+
+    def trainer_for(max_steps):
+        model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
+        args = GRPOWithReplayBufferConfig(
+            **common(out, max_steps=max_steps, save_strategy="steps", save_steps=2, replay_buffer_size=8, beta=0.0)
+        )
+        return GRPOWithReplayBufferTrainer(
+            model=model, reward_funcs=varied_reward, args=args, train_dataset=prompt_dataset(32), processing_class=tok
+        )
+
+    first = trainer_for(2)
+    first.train()
+    saved = buffer_of(first)
+    second = trainer_for(4)
+    loaded = {}
+    original = second._load_extra_state
+
+    def spy(state):
+        original(state)
+        loaded["buffer"] = buffer_of(second)
+
+    second._load_extra_state = spy
+    second.train(resume_from_checkpoint=True)
+    return {
+        "rank": second.accelerator.process_index,
+        "saved": saved,
+        "loaded": loaded.get("buffer"),
+        "global_step": second.state.global_step,
+        "resumed_steps": [h["step"] for h in second.state.log_history if "loss" in h],
+    }
+
+
+def main(mode: str, out: str) -> None:
+    torch.set_num_threads(1)
+    summary = run_fsdp2(out) if mode == "fsdp2" else run_resume(out)
+    everything = gather_object([summary]) if torch.distributed.is_initialized() else [summary]
+    if int(os.environ.get("RANK", "0")) == 0:
+        with open(os.path.join(out, "result.json"), "w") as f:
+            json.dump(everything, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
+    if torch.distributed.is_initialized():  # a clean shutdown: no process exits while another still talks
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()

@@ -1,0 +1,91 @@
+"""The example accelerate configs under two CPU processes (gloo), launched as a user would:
+`accelerate launch --config_file examples/accelerate/<file>.yaml ...`.
+
+- fsdp2.yaml: trains, and shows what accelerate 1.15 does with an FSDP config on CPU (it runs DDP: see
+  docs/distributed.md); the test fails the day accelerate really shards on CPU, so the note gets updated.
+- ddp.yaml: a run saves a checkpoint, a second run resumes it with resume_from_checkpoint=True on both ranks:
+  each rank's replay buffer is restored, and training continues to the last step.
+- every example config parses with accelerate's own loader.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("fsdp_worker.py")
+CONFIGS = ROOT / "examples" / "accelerate"
+
+
+def launch(config: Path, mode: str, out: Path, port: int, *overrides: str) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), *overrides]
+    cmd += ["--main_process_port", str(port), str(WORKER), mode, str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return json.loads((out / "result.json").read_text())
+
+
+def cpu_variant(name: str, tmp_path: Path) -> Path:
+    """The example config with what a CPU-only machine needs: 2 processes, fp32, use_cpu."""
+    config = yaml.safe_load((CONFIGS / name).read_text())
+    config.update(num_processes=2, mixed_precision="no", use_cpu=True)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_fsdp2_config_on_two_cpu_processes(tmp_path):
+    ranks = launch(cpu_variant("fsdp2.yaml", tmp_path), "fsdp2", tmp_path / "fsdp2", 29531)
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["world"] == 2 for r in ranks)
+    assert all(r["global_step"] == 2 and len(r["losses"]) == 2 for r in ranks)
+    assert ranks[0]["losses"] == ranks[1]["losses"]  # one global loss, logged the same on both ranks
+    # accelerate 1.15 switches to FSDP only for accelerator device types; on CPU it keeps MULTI_CPU (DDP over
+    # gloo) without a word. If this changes, FSDP2 runs on CPU here: update docs/distributed.md and this test.
+    assert all(r["distributed_type"] == "DistributedType.MULTI_CPU" for r in ranks), ranks
+    assert not any(r["is_fsdp2"] or r["dtensor_params"] for r in ranks), ranks
+
+
+def test_resume_under_two_process_ddp_restores_the_buffer_on_both_ranks(tmp_path):
+    overrides = ["--num_processes", "2", "--mixed_precision", "no"]  # ddp.yaml as is, sized for this machine
+    out = tmp_path / "resume"
+    ranks = launch(CONFIGS / "ddp.yaml", "resume", out, 29532, *overrides)
+    assert [r["rank"] for r in ranks] == [0, 1]
+    for r in ranks:
+        assert r["saved"], "the first run put groups into the buffer"
+        assert r["loaded"] == r["saved"]  # restored from checkpoint-2 before training went on
+        assert r["global_step"] == 4
+    assert ranks[0]["loaded"] == ranks[1]["loaded"]  # one logical buffer
+    for step in (2, 4):
+        checkpoint = out / f"checkpoint-{step}"
+        assert (checkpoint / "replayrl_complete.json").exists()
+        assert {p.name for p in checkpoint.glob("replayrl_state_rank*.json")} == {
+            "replayrl_state_rank0.json",
+            "replayrl_state_rank1.json",
+        }
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_example_configs_parse_with_accelerate(path):
+    from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
+
+    config = load_config_from_file(str(path))
+    assert isinstance(config, ClusterConfig)
+    kind = path.name.split("_")[0].removesuffix(".yaml")
+    expected = {"ddp": "MULTI_GPU", "deepspeed": "DEEPSPEED", "fsdp2": "FSDP"}[kind]
+    assert str(config.distributed_type).endswith(expected)
+    if kind == "fsdp2":
+        assert config.fsdp_config["fsdp_version"] == 2
+    if kind == "deepspeed":
+        assert config.deepspeed_config["zero_stage"] == (3 if "zero3" in path.name else 2)
+    if "multinode" in path.name:
+        assert config.num_machines > 1 and config.main_process_ip and config.main_process_port
+        assert config.num_processes % config.num_machines == 0
+    else:
+        assert config.num_machines == 1 and config.main_process_ip is None
