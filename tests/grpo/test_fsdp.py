@@ -41,6 +41,7 @@ def cpu_variant(name: str, tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_fsdp2_config_on_two_cpu_processes(tmp_path):
     ranks = launch(cpu_variant("fsdp2.yaml", tmp_path), "fsdp2", tmp_path / "fsdp2", 29531)
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["world"] == 2 for r in ranks)
@@ -52,6 +53,7 @@ def test_fsdp2_config_on_two_cpu_processes(tmp_path):
     assert not any(r["is_fsdp2"] or r["dtensor_params"] for r in ranks), ranks
 
 
+@pytest.mark.slow
 def test_resume_under_two_process_ddp_restores_the_buffer_on_both_ranks(tmp_path):
     overrides = ["--num_processes", "2", "--mixed_precision", "no"]  # ddp.yaml as is, sized for this machine
     out = tmp_path / "resume"
