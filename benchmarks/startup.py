@@ -104,6 +104,15 @@ def _short(part: str) -> str:
     return Path(part).name if os.sep in part else part
 
 
+def _loadavg() -> list[str]:
+    """1, 5 and 15-minute load averages (Linux; empty elsewhere): how busy the machine was."""
+    try:
+        with open("/proc/loadavg") as f:
+            return f.read().split()[:3]
+    except OSError:
+        return []
+
+
 def check_targets(rows: list[dict]) -> list[str]:
     """Issue 8's done-when lines, each `ok` or `MISSED`."""
     by = {r["what"]: r for r in rows}
@@ -135,6 +144,7 @@ def main(argv=None) -> None:
     # not resolved: a venv's python is a symlink, and its console scripts live next to the link
     replayrl_python = Path(sys.executable)
     commands = pairs(replayrl_python, trl_python)
+    load_at_start = _loadavg()
     times = measure(commands, rounds)
     rows = summarize(commands, times)
     table = print_table(
@@ -144,8 +154,6 @@ def main(argv=None) -> None:
     )
     targets = check_targets(rows)
     print("\n".join(targets), flush=True)
-    with open("/proc/loadavg") if os.path.exists("/proc/loadavg") else open(os.devnull) as f:
-        load_at_end = f.read().split()[:3]
     write_results(
         "startup",
         {
@@ -154,7 +162,8 @@ def main(argv=None) -> None:
             "times": times,
             "table": table,
             "targets": targets,
-            "loadavg_at_end": load_at_end,
+            "loadavg_before": load_at_start,
+            "loadavg_after": _loadavg(),
         },
         quick=args.quick,
     )
