@@ -3,8 +3,9 @@ docs/distributed.md (1 process).
 
 fsdp2:  a tiny GRPOTrainer.train() for 2 steps under examples/accelerate/fsdp2.yaml; reports how accelerate
         actually ran it (distributed type, FSDP2 or not, DTensor parameters) and what it logged.
-resume: GRPOWithReplayBufferTrainer saves a checkpoint at step 2, then a second trainer resumes it with
-        resume_from_checkpoint=True and trains to step 4; reports each rank's buffer before and after.
+resume: GRPOWithReplayBufferTrainer (4 steps) stops after its checkpoint at step 2, then a second trainer
+        resumes it with resume_from_checkpoint=True and trains to step 4; a third trains 4 steps without
+        stopping. Reports each rank's buffer before and after, and the logs of both 4-step runs.
 """
 
 import json
@@ -13,6 +14,7 @@ import sys
 
 import torch
 from accelerate.utils import gather_object
+from transformers import TrainerCallback
 
 from replayrl import GRPOConfig, GRPOTrainer, GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
 from replayrl.models.tiny import build_tiny_model, build_tokenizer, prompt_dataset
@@ -39,6 +41,15 @@ def common(out, **overrides):
         disable_tqdm=True,
     )
     return {**kwargs, **overrides}
+
+
+class StopAfter(TrainerCallback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.step:
+            control.should_training_stop = True
 
 
 def buffer_of(trainer) -> list:
@@ -72,16 +83,16 @@ def run_fsdp2(out: str) -> dict:
 def run_resume(out: str) -> dict:
     tok = build_tokenizer()
 
-    def trainer_for(max_steps):
+    def trainer_for(max_steps, output_dir=out):
         model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
-        args = GRPOWithReplayBufferConfig(
-            **common(out, max_steps=max_steps, save_strategy="steps", save_steps=2, replay_buffer_size=8, beta=0.0)
-        )
+        settings = dict(max_steps=max_steps, save_strategy="steps", save_steps=2, replay_buffer_size=8, beta=0.0)
+        args = GRPOWithReplayBufferConfig(**common(output_dir, **settings))
         return GRPOWithReplayBufferTrainer(
             model=model, reward_funcs=varied_reward, args=args, train_dataset=prompt_dataset(32), processing_class=tok
         )
 
-    first = trainer_for(2)
+    first = trainer_for(4)
+    first.add_callback(StopAfter(2))  # interrupted after checkpoint-2 (same schedule as the 4-step runs)
     first.train()
     saved = buffer_of(first)
     second = trainer_for(4)
@@ -94,12 +105,17 @@ def run_resume(out: str) -> dict:
 
     second._load_extra_state = spy
     second.train(resume_from_checkpoint=True)
+    straight = trainer_for(4, os.path.join(out, "straight"))  # the same run without the interruption
+    straight.train()
     return {
         "rank": second.accelerator.process_index,
         "saved": saved,
         "loaded": loaded.get("buffer"),
         "global_step": second.state.global_step,
-        "resumed_steps": [h["step"] for h in second.state.log_history if "loss" in h],
+        "resumed_logs": [h for h in second.state.log_history if "loss" in h],
+        "straight_logs": [h for h in straight.state.log_history if "loss" in h],
+        "final_buffer": buffer_of(second),
+        "straight_buffer": buffer_of(straight),
     }
 
 

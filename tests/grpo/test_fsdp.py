@@ -4,7 +4,8 @@
 - fsdp2.yaml: trains, and shows what accelerate 1.15 does with an FSDP config on CPU (it runs DDP: see
   docs/distributed.md); the test fails the day accelerate really shards on CPU, so the note gets updated.
 - ddp.yaml: a run saves a checkpoint, a second run resumes it with resume_from_checkpoint=True on both ranks:
-  each rank's replay buffer is restored, and training continues to the last step.
+  each rank's replay buffer is restored, and training continues to the last step with the same metrics and
+  buffer as a run that was never interrupted.
 - every example config parses with accelerate's own loader.
 """
 
@@ -64,6 +65,15 @@ def test_resume_under_two_process_ddp_restores_the_buffer_on_both_ranks(tmp_path
         assert r["loaded"] == r["saved"]  # restored from checkpoint-2 before training went on
         assert r["global_step"] == 4
     assert ranks[0]["loaded"] == ranks[1]["loaded"]  # one logical buffer
+    # the interrupted run continues exactly as the uninterrupted one: same logged metrics, same final buffer
+    resumed, straight = ranks[0]["resumed_logs"], ranks[0]["straight_logs"]
+    assert [h["step"] for h in resumed] == [h["step"] for h in straight] == [1, 2, 3, 4]
+    for a, b in zip(resumed, straight):
+        a, b = ({k: v for k, v in h.items() if not k.startswith("timing/")} for h in (a, b))
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), (a["step"], key)
+    assert all(r["final_buffer"] == r["straight_buffer"] for r in ranks)
     for step in (2, 4):
         checkpoint = out / f"checkpoint-{step}"
         assert (checkpoint / "replayrl_complete.json").exists()
