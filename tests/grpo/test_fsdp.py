@@ -6,7 +6,7 @@
 - ddp.yaml: a run saves a checkpoint, a second run resumes it with resume_from_checkpoint=True on both ranks:
   each rank's replay buffer is restored, and training continues to the last step with the same metrics and
   buffer as a run that was never interrupted.
-- every example config parses with accelerate's own loader.
+- every example config parses with accelerate's own loader, and `accelerate launch` accepts it.
 """
 
 import json
@@ -101,3 +101,20 @@ def test_example_configs_parse_with_accelerate(path):
         assert config.num_processes % config.num_machines == 0
     else:
         assert config.num_machines == 1 and config.main_process_ip is None
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_accelerate_launch_accepts_the_example_configs(path):
+    """What `accelerate launch --config_file <file> -m replayrl grpo` makes of each file, short of starting it."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    args = launch_command_parser().parse_args(["--config_file", str(path), "-m", "replayrl", "grpo"])
+    args, _, _ = _validate_launch_command(args)
+    kind = path.name.split("_")[0].removesuffix(".yaml")
+    assert (args.multi_gpu, args.use_deepspeed, args.use_fsdp) == (kind == "ddp", kind == "deepspeed", kind == "fsdp2")
+    if kind == "fsdp2":
+        assert int(args.fsdp_version) == 2
+    if kind == "deepspeed":
+        assert int(args.zero_stage) == (3 if "zero3" in path.name else 2)
+    assert args.module and args.training_script == "replayrl" and args.training_script_args == ["grpo"]
+    assert args.num_machines == (2 if "multinode" in path.name else 1)
