@@ -3,6 +3,8 @@ docs/distributed.md (1 process).
 
 fsdp2:  a tiny GRPOTrainer.train() for 2 steps under examples/accelerate/fsdp2.yaml; reports how accelerate
         actually ran it (distributed type, FSDP2 or not, DTensor parameters) and what it logged.
+fsdp2-forced: the same with accelerate's FSDP path let through on CPU (`force_fsdp_on_cpu`), so the parameters
+        really are sharded (DTensors) over the two processes.
 resume: GRPOWithReplayBufferTrainer (4 steps) stops after its checkpoint at step 2, then a second trainer
         resumes it with resume_from_checkpoint=True and trains to step 4; a third trains 4 steps without
         stopping. Reports each rank's buffer before and after, and the logs of both 4-step runs.
@@ -18,6 +20,24 @@ from transformers import TrainerCallback
 
 from replayrl import GRPOConfig, GRPOTrainer, GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
 from replayrl.models.tiny import build_tiny_model, build_tokenizer, prompt_dataset
+
+
+def force_fsdp_on_cpu() -> None:
+    """accelerate 1.15 ignores FSDP settings on CPU (it picks FSDP only for accelerator device types, see
+    docs/distributed.md). Let an FSDP plugin through on MULTI_CPU, so that accelerate's own FSDP2 preparation
+    (`fully_shard` per decoder layer over gloo) runs; nothing else of accelerate or replayrl changes."""
+    from accelerate import state
+    from accelerate.utils import DistributedType
+
+    original = state.AcceleratorState.__init__
+
+    def init(self, *args, fsdp_plugin=None, **kwargs):
+        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.FSDP
+            self.fsdp_plugin = fsdp_plugin
+
+    state.AcceleratorState.__init__ = init
 
 
 def varied_reward(completions, **kwargs):
@@ -121,7 +141,9 @@ def run_resume(out: str) -> dict:
 
 def main(mode: str, out: str) -> None:
     torch.set_num_threads(1)
-    summary = run_fsdp2(out) if mode == "fsdp2" else run_resume(out)
+    if mode == "fsdp2-forced":
+        force_fsdp_on_cpu()
+    summary = run_resume(out) if mode == "resume" else run_fsdp2(out)
     everything = gather_object([summary]) if torch.distributed.is_initialized() else [summary]
     if int(os.environ.get("RANK", "0")) == 0:
         with open(os.path.join(out, "result.json"), "w") as f:

@@ -3,6 +3,8 @@
 
 - fsdp2.yaml: trains, and shows what accelerate 1.15 does with an FSDP config on CPU (it runs DDP: see
   docs/distributed.md); the test fails the day accelerate really shards on CPU, so the note gets updated.
+  Then the same run with accelerate's FSDP2 preparation let through on CPU: all parameters sharded (DTensors),
+  the same losses as DDP.
 - ddp.yaml: a run saves a checkpoint, a second run resumes it with resume_from_checkpoint=True on both ranks:
   each rank's replay buffer is restored, and training continues to the last step with the same metrics and
   buffer as a run that was never interrupted.
@@ -43,7 +45,7 @@ def cpu_variant(name: str, tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_fsdp2_config_on_two_cpu_processes(tmp_path):
+def test_fsdp2_config_on_two_cpu_processes(tmp_path):  # two launches
     ranks = launch(cpu_variant("fsdp2.yaml", tmp_path), "fsdp2", tmp_path / "fsdp2", 29531)
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["world"] == 2 for r in ranks)
     assert all(r["global_step"] == 2 and len(r["losses"]) == 2 for r in ranks)
@@ -52,6 +54,14 @@ def test_fsdp2_config_on_two_cpu_processes(tmp_path):
     # gloo) without a word. If this changes, FSDP2 runs on CPU here: update docs/distributed.md and this test.
     assert all(r["distributed_type"] == "DistributedType.MULTI_CPU" for r in ranks), ranks
     assert not any(r["is_fsdp2"] or r["dtensor_params"] for r in ranks), ranks
+
+    # With accelerate's FSDP2 preparation let through on CPU, every parameter is sharded over the two processes,
+    # and training logs the same losses as the DDP run above: same data, same updates.
+    forced = launch(cpu_variant("fsdp2.yaml", tmp_path), "fsdp2-forced", tmp_path / "forced", 29533)
+    assert all(r["dtensor_params"] == r["params"] > 0 for r in forced), forced
+    assert all(r["global_step"] == 2 for r in forced)
+    for a, b in zip(forced[0]["losses"], ranks[0]["losses"]):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-6)
 
 
 @pytest.mark.slow
