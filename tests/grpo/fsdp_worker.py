@@ -3,8 +3,8 @@ docs/distributed.md (1 process).
 
 fsdp2:  a tiny GRPOTrainer.train() for 2 steps under examples/accelerate/fsdp2.yaml; reports how accelerate
         actually ran it (distributed type, FSDP2 or not, DTensor parameters) and what it logged.
-fsdp2-forced: the same with accelerate's FSDP path let through on CPU (`force_fsdp_on_cpu`), so the parameters
-        really are sharded (DTensors) over the two processes.
+fsdp2-forced, resume-forced: the same with accelerate's FSDP path let through on CPU (`force_fsdp_on_cpu`), so
+        the parameters really are sharded (DTensors) over the two processes.
 resume: GRPOWithReplayBufferTrainer (4 steps) stops after its checkpoint at step 2, then a second trainer
         resumes it with resume_from_checkpoint=True and trains to step 4; a third trains 4 steps without
         stopping. Reports each rank's buffer before and after, and the logs of both 4-step runs.
@@ -24,18 +24,22 @@ from replayrl.models.tiny import build_tiny_model, build_tokenizer, prompt_datas
 
 def force_fsdp_on_cpu() -> None:
     """accelerate 1.15 ignores FSDP settings on CPU (it picks FSDP only for accelerator device types, see
-    docs/distributed.md). Let an FSDP plugin through on MULTI_CPU, so that accelerate's own FSDP2 preparation
-    (`fully_shard` per decoder layer over gloo) runs; nothing else of accelerate or replayrl changes."""
+    docs/distributed.md). Let the FSDP plugin through on MULTI_CPU, also when accelerate re-initializes its state
+    later (its optimizer wrapper does), so that accelerate's own FSDP2 code runs: `fully_shard` per decoder layer
+    over gloo, full state dicts for checkpoints. Nothing else of accelerate or replayrl changes."""
     from accelerate import state
     from accelerate.utils import DistributedType
 
     original = state.AcceleratorState.__init__
+    plugin = []
 
     def init(self, *args, fsdp_plugin=None, **kwargs):
         original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
-        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+        if fsdp_plugin is not None:
+            plugin[:] = [fsdp_plugin]
+        if plugin and self.distributed_type == DistributedType.MULTI_CPU:
             self.distributed_type = DistributedType.FSDP
-            self.fsdp_plugin = fsdp_plugin
+            self.fsdp_plugin = plugin[0]
 
     state.AcceleratorState.__init__ = init
 
@@ -129,6 +133,7 @@ def run_resume(out: str) -> dict:
     straight.train()
     return {
         "rank": second.accelerator.process_index,
+        "is_fsdp2": bool(getattr(second.accelerator, "is_fsdp2", False)),
         "saved": saved,
         "loaded": loaded.get("buffer"),
         "global_step": second.state.global_step,
@@ -141,9 +146,9 @@ def run_resume(out: str) -> dict:
 
 def main(mode: str, out: str) -> None:
     torch.set_num_threads(1)
-    if mode == "fsdp2-forced":
+    if mode.endswith("-forced"):
         force_fsdp_on_cpu()
-    summary = run_resume(out) if mode == "resume" else run_fsdp2(out)
+    summary = run_resume(out) if mode.startswith("resume") else run_fsdp2(out)
     everything = gather_object([summary]) if torch.distributed.is_initialized() else [summary]
     if int(os.environ.get("RANK", "0")) == 0:
         with open(os.path.join(out, "result.json"), "w") as f:

@@ -4,7 +4,7 @@
 - fsdp2.yaml: trains, and shows what accelerate 1.15 does with an FSDP config on CPU (it runs DDP: see
   docs/distributed.md); the test fails the day accelerate really shards on CPU, so the note gets updated.
   Then the same run with accelerate's FSDP2 preparation let through on CPU: all parameters sharded (DTensors),
-  the same losses as DDP.
+  the same losses as DDP; and checkpoint + resume under that sharding.
 - ddp.yaml: a run saves a checkpoint, a second run resumes it with resume_from_checkpoint=True on both ranks:
   each rank's replay buffer is restored, and training continues to the last step with the same metrics and
   buffer as a run that was never interrupted.
@@ -58,24 +58,21 @@ def test_fsdp2_config_on_two_cpu_processes(tmp_path):  # two launches
     # With accelerate's FSDP2 preparation let through on CPU, every parameter is sharded over the two processes,
     # and training logs the same losses as the DDP run above: same data, same updates.
     forced = launch(cpu_variant("fsdp2.yaml", tmp_path), "fsdp2-forced", tmp_path / "forced", 29533)
-    assert all(r["dtensor_params"] == r["params"] > 0 for r in forced), forced
+    assert all(r["is_fsdp2"] and r["dtensor_params"] == r["params"] > 0 for r in forced), forced
     assert all(r["global_step"] == 2 for r in forced)
     for a, b in zip(forced[0]["losses"], ranks[0]["losses"]):
         assert a == pytest.approx(b, rel=1e-4, abs=1e-6)
 
 
-@pytest.mark.slow
-def test_resume_under_two_process_ddp_restores_the_buffer_on_both_ranks(tmp_path):
-    overrides = ["--num_processes", "2", "--mixed_precision", "no"]  # ddp.yaml as is, sized for this machine
-    out = tmp_path / "resume"
-    ranks = launch(CONFIGS / "ddp.yaml", "resume", out, 29532, *overrides)
+def check_resume(ranks: list[dict], out: Path) -> None:
+    """The resume worker's report: buffers restored on both ranks, the same metrics and final buffer as the run
+    that was never interrupted, complete checkpoints with both ranks' state files."""
     assert [r["rank"] for r in ranks] == [0, 1]
     for r in ranks:
         assert r["saved"], "the first run put groups into the buffer"
         assert r["loaded"] == r["saved"]  # restored from checkpoint-2 before training went on
         assert r["global_step"] == 4
     assert ranks[0]["loaded"] == ranks[1]["loaded"]  # one logical buffer
-    # the interrupted run continues exactly as the uninterrupted one: same logged metrics, same final buffer
     resumed, straight = ranks[0]["resumed_logs"], ranks[0]["straight_logs"]
     assert [h["step"] for h in resumed] == [h["step"] for h in straight] == [1, 2, 3, 4]
     for a, b in zip(resumed, straight):
@@ -91,6 +88,25 @@ def test_resume_under_two_process_ddp_restores_the_buffer_on_both_ranks(tmp_path
             "replayrl_state_rank0.json",
             "replayrl_state_rank1.json",
         }
+
+
+@pytest.mark.slow
+def test_resume_under_two_process_ddp_restores_the_buffer_on_both_ranks(tmp_path):
+    overrides = ["--num_processes", "2", "--mixed_precision", "no"]  # ddp.yaml as is, sized for this machine
+    out = tmp_path / "resume"
+    ranks = launch(CONFIGS / "ddp.yaml", "resume", out, 29532, *overrides)
+    assert not any(r["is_fsdp2"] for r in ranks)
+    check_resume(ranks, out)
+
+
+@pytest.mark.slow
+def test_resume_under_fsdp2_sharding_on_cpu(tmp_path):
+    """Checkpoints of a sharded model (accelerate's FSDP2 full state dict) and resume, FSDP let through on CPU."""
+    out = tmp_path / "resume"
+    ranks = launch(cpu_variant("fsdp2.yaml", tmp_path), "resume-forced", out, 29534)
+    assert all(r["is_fsdp2"] for r in ranks)
+    check_resume(ranks, out)
+    assert (out / "checkpoint-2" / "model.safetensors").exists()  # the gathered model, loadable alone
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
