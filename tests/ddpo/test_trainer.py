@@ -112,3 +112,23 @@ def test_wrong_reward_count_and_pipeline_type_are_errors(tmp_path):
         trainer.train()
     with pytest.raises(ValueError, match="DefaultDDPOStableDiffusionPipeline"):
         DDPOTrainer(tiny_config(tmp_path / "x"), centre_brightness, prompt_fn, object())
+
+
+@pytest.mark.parametrize("use_lora, lr", [(True, 3e-3), (False, 1e-5)])
+def test_an_update_improves_the_surrogate_on_its_samples(tmp_path, use_lora, lr):
+    # Inner epoch 0 trains at ratio 1; inner epoch 1 re-scores the same samples after that update: the PPO
+    # surrogate -mean(A * ratio) must have gone down (first-order: the step follows its gradient).
+    trainer = tiny_trainer(
+        tmp_path,
+        use_lora=use_lora,
+        num_epochs=1,
+        train_num_inner_epochs=3,
+        train_learning_rate=lr,
+        train_clip_range=0.5,
+        sample_batch_size=8,
+        train_batch_size=8,
+    )
+    trainer.train()
+    losses = [r["loss"] for r in _train_records(tmp_path / "run")]
+    assert losses[0] == pytest.approx(0.0, abs=1e-6)  # batch-normalised advantages at ratio 1
+    assert losses[1] < -1e-4 and losses[2] < losses[1]
