@@ -132,9 +132,10 @@ class DDPOTrainer:
         """Frozen parts in the inference dtype; trainable weights in float32 (fp16 Adam states would underflow)."""
         pipe, device = self.sd_pipeline, self.accelerator.device
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(self.accelerator.mixed_precision, torch.float32)
-        pipe.vae.to(device, dtype=dtype)
-        pipe.text_encoder.to(device, dtype=dtype)
-        pipe.unet.to(device, dtype=dtype)
+        cast = {} if dtype == torch.float32 else {"dtype": dtype}  # a no-op cast still warns in diffusers
+        pipe.vae.to(device, **cast)
+        pipe.text_encoder.to(device, **cast)
+        pipe.unet.to(device, **cast)
         for param in pipe.unet.parameters():
             if param.requires_grad:
                 param.data = param.data.float()
