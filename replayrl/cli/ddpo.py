@@ -20,14 +20,14 @@ from typing import Any
 from replayrl.cli.common import PROG, ArgParser, CLIError, HelpFormatter, load_recipe, set_defaults
 
 BUILTIN_PROMPTS = ["a cat", "a dog", "a red ball", "a blue sky"]
-# The built-in job: about 1 min on 2 CPU cores; see docs/ddpo.md for what it shows.
+# The built-in job: about 1 min on 2 CPU cores; see docs/ddpo.md for what it shows (and does not).
 DEFAULT_JOB: dict[str, Any] = dict(
     num_epochs=8,
     sample_num_steps=4,
     sample_batch_size=16,
     sample_num_batches_per_epoch=1,
     train_batch_size=16,
-    train_learning_rate=3e-3,
+    train_learning_rate=3e-5,  # Adam's first steps are lr * sign(grad) on ~1 M weights: larger overshoots
     mixed_precision="no",
     save_freq=4,
     use_lora=False,

@@ -39,7 +39,7 @@ def build_clip_tokenizer(max_length: int = MAX_PROMPT_TOKENS):
 
 
 def build_tiny_sd_pipeline(seed: int = 0, image_size: int = 16):
-    """A ``diffusers.StableDiffusionPipeline`` of ~0.5 M parameters generating ``image_size`` square RGB images.
+    """A ``diffusers.StableDiffusionPipeline`` of ~1 M parameters (UNet 0.99 M) generating ``image_size`` square RGB images.
 
     Weights are random but fixed by ``seed``; the VAE halves the resolution, so latents are
     ``(4, image_size / 2, image_size / 2)``. No safety checker.
@@ -49,28 +49,7 @@ def build_tiny_sd_pipeline(seed: int = 0, image_size: int = 16):
 
     tokenizer = build_clip_tokenizer()
     torch.manual_seed(seed)
-    unet = diffusers.UNet2DConditionModel(
-        sample_size=image_size // 2,
-        in_channels=4,
-        out_channels=4,
-        block_out_channels=(32, 64),
-        layers_per_block=1,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        cross_attention_dim=32,
-        attention_head_dim=8,
-        norm_num_groups=16,
-    )
-    vae = diffusers.AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        block_out_channels=(8, 16),
-        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-        latent_channels=4,
-        norm_num_groups=8,
-        sample_size=image_size,
-    )
+    unet, vae = _tiny_unet(diffusers, image_size), _tiny_vae(diffusers, image_size)
     text_config = CLIPTextConfig(
         vocab_size=len(tokenizer),
         hidden_size=32,
@@ -109,3 +88,31 @@ def save_tiny_sd_pipeline(path: str | Path, seed: int = 0) -> Path:
     path = Path(path)
     build_tiny_sd_pipeline(seed).save_pretrained(path)
     return path
+
+
+def _tiny_unet(diffusers, image_size: int):
+    return diffusers.UNet2DConditionModel(
+        sample_size=image_size // 2,
+        in_channels=4,
+        out_channels=4,
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32,
+        attention_head_dim=8,
+        norm_num_groups=16,
+    )
+
+
+def _tiny_vae(diffusers, image_size: int):
+    return diffusers.AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        block_out_channels=(8, 16),
+        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+        latent_channels=4,
+        norm_num_groups=8,
+        sample_size=image_size,
+    )
