@@ -39,7 +39,7 @@ def build_clip_tokenizer(max_length: int = MAX_PROMPT_TOKENS):
 
 
 def build_tiny_sd_pipeline(seed: int = 0, image_size: int = 16):
-    """A ``diffusers.StableDiffusionPipeline`` of ~1 M parameters (UNet 0.99 M) generating ``image_size`` square RGB images.
+    """A ``diffusers.StableDiffusionPipeline`` of ~1 M parameters making ``image_size`` square RGB images.
 
     Weights are random but fixed by ``seed``; the VAE halves the resolution, so latents are
     ``(4, image_size / 2, image_size / 2)``. No safety checker.
