@@ -3,8 +3,9 @@
 For each seed, two runs share every random draw: one maximises the centre-brightness reward, one minimises it
 (the reward negated). Their first update directions are exactly opposite, so the gap between them (measured
 with the un-negated reward) is what training did, with the sampling noise paired out. `--grad-cos` also
-reports the cosine between policy gradients from independent batches at the initial weights: near 0 means
-the gradient estimate is mostly noise at that batch size.
+reports the cosine between policy gradients from independent batches at the initial weights, and between
+each and the pathwise gradient (backpropagated through the sampler): near 0 means the policy-gradient estimate
+is mostly noise at that batch size.
 
     python benchmarks/ddpo_reward.py --seeds 0 1 2 3 --epochs 6 --lr 3e-5
 """
@@ -57,8 +58,35 @@ def paired_run(seed: int, args) -> dict:
     return {"seed": seed, **curves, "gap": gap, "mean_gap_after_first": sum(gap[1:]) / max(1, len(gap) - 1)}
 
 
-def gradient_cosines(seed: int, args, batches: int = 4) -> list[float]:
+def _flat_grad(trainer) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in trainer.trainable_layers]).clone()
+
+
+def pathwise_gradient(trainer, args, batches: int = 4) -> torch.Tensor:
+    """The reward's gradient by backpropagation through the sampling chain (reparameterised, low variance):
+    the direction the policy gradient estimates."""
+    from replayrl.ddpo.pipeline import decode_latents, encode_prompts, guided_noise_pred
+
+    pipe, g, grads = trainer.sd_pipeline, torch.Generator().manual_seed(12345), []
+    embeds = encode_prompts(pipe.sd_pipeline, ["a cat"] * args.batch, "cpu").detach()
+    negative = trainer.neg_prompt_embed.expand(args.batch, -1, -1)
+    for _ in range(batches):
+        trainer.optimizer.zero_grad()
+        pipe.scheduler.set_timesteps(args.steps)
+        x = torch.randn(args.batch, 4, 8, 8, generator=g)
+        for t in pipe.scheduler.timesteps:
+            eps = guided_noise_pred(pipe.unet, x, t, embeds, negative, 5.0)
+            x = pipe.scheduler_step(eps, t, x, eta=1.0, generator=g).latents
+        centre_brightness(decode_latents(pipe.sd_pipeline, x), None, None)[0].mean().backward()
+        grads.append(_flat_grad(trainer))
+    return torch.stack(grads).mean(0)
+
+
+def gradient_cosines(seed: int, args, batches: int = 4) -> dict[str, list[float]]:
+    """Cosines between policy-gradient estimates of independent batches, and of each with the pathwise
+    gradient (all at the initial weights)."""
     trainer = _trainer(seed, args, centre_brightness)
+    pathwise = pathwise_gradient(trainer, args)
     grads = []
     for _ in range(batches):
         samples, data = trainer._generate_samples(1, args.batch)
@@ -69,9 +97,17 @@ def gradient_cosines(seed: int, args, batches: int = 4) -> list[float]:
             keys = ("latents", "timesteps", "next_latents", "log_probs")
             loss, _, _ = trainer.calculate_loss(*(samples[k][:, j] for k in keys), samples["advantages"], embeds)
             loss.backward()
-        grads.append(torch.cat([p.grad.flatten() for p in trainer.trainable_layers]).clone())
+        grads.append(-_flat_grad(trainer))  # the loss's descent direction: up the reward
+    cos = torch.nn.functional.cosine_similarity
     pairs = [(i, j) for i in range(batches) for j in range(i + 1, batches)]
-    return [torch.nn.functional.cosine_similarity(grads[i], grads[j], dim=0).item() for i, j in pairs]
+    return {
+        "between_batches": [cos(grads[i], grads[j], dim=0).item() for i, j in pairs],
+        "with_pathwise": [cos(grad, pathwise, dim=0).item() for grad in grads],
+    }
+
+
+def _cos_text(cosines: dict[str, list[float]]) -> str:
+    return "".join(f"; cos {name} " + ", ".join(f"{c:+.2f}" for c in values) for name, values in cosines.items())
 
 
 def main() -> None:
@@ -98,7 +134,7 @@ def main() -> None:
         print(
             f"seed {seed}: reward {up[0]:.4f} -> {up[-1]:.4f}; up - down per epoch "
             + " ".join(f"{g:+.4f}" for g in gap)
-            + (f"; grad cos {', '.join(f'{c:+.2f}' for c in result['grad_cos'])}" if args.grad_cos else "")
+            + (_cos_text(result["grad_cos"]) if args.grad_cos else "")
             + f" ({result['seconds']:.0f} s)",
             flush=True,
         )
