@@ -105,8 +105,10 @@ def scheduler_step(
     noise: Tensor | None = None,
 ) -> DDPOSchedulerOutput:
     """`DDIMScheduler.step` with a log-prob: same ``x_{t-1}`` for the same noise, ``final_alpha_cumprod`` after the
-    last step. ``timestep``: an int or ``(B,)`` (each sample its own step, as in training). Shapes as in
-    `replayrl.algos.diffusion.ddim_step_with_logprob`."""
+    last step. ``timestep``: an int or ``(B,)`` (each sample its own step, as in training). The math runs in
+    float32 and the log-prob is that of ``x_{t-1}`` as stored (rounded to the latents' dtype, e.g. fp16), so
+    training re-scores exactly what sampling scored. Shapes as in `replayrl.algos.diffusion.ddim_step_with_logprob`.
+    """
     if scheduler.num_inference_steps is None:
         raise ValueError("scheduler.num_inference_steps is None: call scheduler.set_timesteps(n) first")
     timesteps = torch.as_tensor(timestep, device=sample.device).long().reshape(-1).expand(sample.shape[0])
@@ -114,19 +116,16 @@ def scheduler_step(
     alpha_t, alpha_prev = ddim_alphas(
         scheduler.alphas_cumprod, scheduler.final_alpha_cumprod, timesteps, prev_timesteps
     )
-    prev, log_prob = ddim_step_with_logprob(
-        model_output,
-        sample,
-        alpha_t.to(sample.dtype),
-        alpha_prev.to(sample.dtype),
+    kwargs = dict(
         eta=eta,
-        prev_sample=prev_sample,
-        noise=noise,
-        generator=generator,
         prediction_type=scheduler.config.prediction_type,
         clip_sample_range=scheduler.config.clip_sample_range if scheduler.config.clip_sample else None,
     )
-    return DDPOSchedulerOutput(latents=prev.to(sample.dtype), log_probs=log_prob)
+    args = (model_output.float(), sample.float(), alpha_t.float(), alpha_prev.float())
+    if prev_sample is None:
+        prev_sample = ddim_step_with_logprob(*args, noise=noise, generator=generator, **kwargs)[0].to(sample.dtype)
+    _, log_prob = ddim_step_with_logprob(*args, prev_sample=prev_sample.float(), **kwargs)
+    return DDPOSchedulerOutput(latents=prev_sample, log_probs=log_prob)
 
 
 def guided_noise_pred(

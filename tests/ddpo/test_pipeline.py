@@ -90,3 +90,15 @@ def test_lora_starts_as_identity_and_its_weights_load_into_diffusers(tmp_path):
     fresh.load_checkpoint(tmp_path / "lora")
     with torch.no_grad():
         torch.testing.assert_close(fresh.unet(x, t, encoder_hidden_states=e).sample, trained, atol=0, rtol=0)
+
+
+def test_low_precision_latents_are_scored_as_stored():
+    pipe = tiny_pipeline()
+    pipe.scheduler.set_timesteps(4)
+    g = torch.Generator().manual_seed(0)
+    sample, model_output = torch.randn(2, 2, 4, 8, 8, generator=g).to(torch.bfloat16)
+    t = pipe.scheduler.timesteps[1]
+    step = pipe.scheduler_step(model_output, t, sample, eta=1.0, generator=g)
+    assert step.latents.dtype == torch.bfloat16 and step.log_probs.dtype == torch.float32
+    again = pipe.scheduler_step(model_output, t, sample, eta=1.0, prev_sample=step.latents)
+    assert torch.equal(again.log_probs, step.log_probs)
