@@ -145,6 +145,8 @@ def build_trainer(args: argparse.Namespace, config):
 
 
 def run(argv: list[str]) -> int:
+    start = time.perf_counter()
+    args, config = parse_args(argv)  # first: --help and bad flags answer at once
     try:
         import diffusers  # noqa: F401
     except ImportError as err:
@@ -154,8 +156,6 @@ def run(argv: list[str]) -> int:
     from replayrl.metrics import METRICS_FILE, read_metrics, series
     from replayrl.metrics.plot import plot_run
 
-    start = time.perf_counter()
-    args, config = parse_args(argv)
     job = "built-in job: tiny pipeline, centre brightness" if args.pretrained_model is None else args.pretrained_model
     print(f"{PROG} ddpo: {job}; reward {args.reward}; logdir {config.logdir}", flush=True)
     threads = torch.get_num_threads()
