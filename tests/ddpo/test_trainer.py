@@ -132,3 +132,30 @@ def test_an_update_improves_the_surrogate_on_its_samples(tmp_path, use_lora, lr)
     losses = [r["loss"] for r in _train_records(tmp_path / "run")]
     assert losses[0] == pytest.approx(0.0, abs=1e-6)  # batch-normalised advantages at ratio 1
     assert losses[1] < -1e-4 and losses[2] < losses[1]
+
+
+def test_optimizer_steps_follow_accumulation_and_timestep_fraction(tmp_path):
+    # 2 batches of 4 samples -> 4 training batches of 2; 4 steps x 0.5 = 2 trained per sample; one optimizer
+    # step per 2 batches x 2 timesteps = 4 micro-steps -> 2 optimizer steps per epoch.
+    trainer = tiny_trainer(
+        tmp_path,
+        num_epochs=1,
+        sample_num_steps=4,
+        sample_num_batches_per_epoch=2,
+        train_batch_size=2,
+        train_gradient_accumulation_steps=2,
+        train_timestep_fraction=0.5,
+    )
+    calls = []
+    original = trainer.calculate_loss
+
+    def counting(latents, timesteps, *rest):
+        calls.append(timesteps.clone())
+        return original(latents, timesteps, *rest)
+
+    trainer.calculate_loss = counting
+    trainer.train()
+    assert trainer.global_step == 2 and len(_train_records(tmp_path / "run")) == 2
+    assert len(calls) == 8 and all(t.shape == (2,) for t in calls)
+    # each sample trains 2 distinct of its 4 timesteps
+    assert set(torch.cat(calls).tolist()) <= set(trainer.sd_pipeline.scheduler.timesteps.tolist())
