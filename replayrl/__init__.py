@@ -9,6 +9,10 @@ from replayrl._lazy import lazy_exports
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "DDPOConfig": "replayrl.ddpo.config",
+    "DDPOStableDiffusionPipeline": "replayrl.ddpo.pipeline",
+    "DDPOTrainer": "replayrl.ddpo.trainer",
+    "DefaultDDPOStableDiffusionPipeline": "replayrl.ddpo.pipeline",
     "GRPOConfig": "replayrl.grpo.config",
     "GRPOTrainer": "replayrl.grpo.trainer",
     "GRPOWithReplayBufferConfig": "replayrl.replay.config",
