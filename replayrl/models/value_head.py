@@ -87,7 +87,9 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         if isinstance(pretrained_model_name_or_path, cls):
             return pretrained_model_name_or_path
         is_path = isinstance(pretrained_model_name_or_path, (str, Path))
-        if is_path:
+        if is_path and (Path(pretrained_model_name_or_path) / "adapter_config.json").is_file():
+            base = _load_peft(Path(pretrained_model_name_or_path), kwargs)
+        elif is_path:
             base = load_causal_lm(str(pretrained_model_name_or_path), kwargs or None)
         else:
             base = pretrained_model_name_or_path
@@ -152,6 +154,17 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         """The seed's hook: load ``v_head.*`` entries of ``state_dict`` into the head."""
         head = {k.removeprefix(HEAD_PREFIX): v for k, v in state_dict.items() if k.startswith(HEAD_PREFIX)}
         self.v_head.load_state_dict(head)
+
+
+def _load_peft(folder: Path, kwargs: dict):
+    """A PEFT adapter folder (written by `save_pretrained` of a PEFT value-head model): base model + adapter,
+    trainable."""
+    try:
+        from peft import PeftConfig, PeftModel
+    except ImportError as err:
+        raise ImportError(f"{folder} holds a PEFT adapter; loading it needs peft: pip install replayrl[peft]") from err
+    base = load_causal_lm(PeftConfig.from_pretrained(str(folder)).base_model_name_or_path, kwargs or None)
+    return PeftModel.from_pretrained(base, str(folder), is_trainable=True)
 
 
 def _read_head_state(folder: Path) -> dict[str, Tensor]:

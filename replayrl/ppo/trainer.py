@@ -122,7 +122,8 @@ class PPOTrainer:
 
         if isinstance(dataset, datasets.Dataset) and self.config.remove_unused_columns:
             keep = {"input_ids", "attention_mask", "label", "query", "response"}
-            dataset = dataset.remove_columns([c for c in dataset.column_names if c not in keep])
+            if keep & set(dataset.column_names):  # a prompt-only dataset (for train()) keeps its columns
+                dataset = dataset.remove_columns([c for c in dataset.column_names if c not in keep])
         return torch.utils.data.DataLoader(
             dataset,
             batch_size=self.config.batch_size,
