@@ -14,6 +14,10 @@ _EXPORTS = {
     "GRPOWithReplayBufferConfig": "replayrl.replay.config",
     "GRPOWithReplayBufferTrainer": "replayrl.replay.trainer",
     "ReplayBuffer": "replayrl.replay.buffer",
+    "AutoModelForCausalLMWithValueHead": "replayrl.models.value_head",
+    "create_reference_model": "replayrl.models.value_head",
+    "PPOConfig": "replayrl.ppo.config",
+    "PPOTrainer": "replayrl.ppo.trainer",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

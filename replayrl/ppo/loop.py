@@ -114,27 +114,51 @@ def _generation_config(trainer, overrides: dict) -> GenerationConfig:
     return GenerationConfig(**kwargs)
 
 
-def _one_step(trainer, rows: dict, funcs, generation_config, max_prompt_length, prompt_column: str, step: int):
-    """Generate, score and step on one batch of dataset rows; returns (stats, scores, completions)."""
+def _rollout(trainer, rows: dict, funcs, generation_config, max_prompt_length, prompt_column: str, step: int):
+    """Generate one response per row and score it: (queries, responses, texts, per-function scores (N, F),
+    combined scores (N,) with unscored samples at 0)."""
     tokenizer, device = trainer.tokenizer, trainer.accelerator.device
     prompts = rows[prompt_column]
     ids, mask = tokenize_prompts(tokenizer, prompts_to_text(tokenizer, prompts), max_prompt_length)
+    ids, mask = ids.to(device), mask.to(device)
     model = trainer.accelerator.unwrap_model(trainer.model)
-    completion_ids, completion_mask, _ = generate_completions(model, ids.to(device), mask.to(device), generation_config)
-    queries = [row[m.bool()] for row, m in zip(ids.to(device), mask.to(device))]
+    completion_ids, completion_mask, _ = generate_completions(model, ids, mask, generation_config)
+    queries = [row[m.bool()] for row, m in zip(ids, mask)]
     responses = [row[m.bool()] for row, m in zip(completion_ids, completion_mask)]
     texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
     completions = [[{"role": "assistant", "content": t}] for t in texts] if is_conversational(prompts[0]) else texts
     columns = {k: v for k, v in rows.items() if k != prompt_column}
-    per_func = funcs(
-        prompts,
-        completions,
-        [r.tolist() for r in responses],
-        columns,
-        trainer_state=SimpleNamespace(global_step=step),
-    )
-    scores = funcs.combine(per_func).nan_to_num(0.0)
+    state = SimpleNamespace(global_step=step)
+    per_func = funcs(prompts, completions, [r.tolist() for r in responses], columns, trainer_state=state)
+    return queries, responses, texts, per_func, funcs.combine(per_func).nan_to_num(0.0)
+
+
+def _one_step(trainer, rows: dict, funcs, generation_config, max_prompt_length, prompt_column: str, step: int):
+    """Generate, score and step on one batch of dataset rows; returns (stats, scores, completions)."""
+    args = (funcs, generation_config, max_prompt_length, prompt_column, step)
+    queries, responses, texts, per_func, scores = _rollout(trainer, rows, *args)
     stats = trainer.step(queries, responses, list(scores))
     for i, name in enumerate(funcs.names):
         stats[f"rewards/{name}/mean"] = per_func[:, i].nanmean().item()
     return stats, scores.tolist(), texts
+
+
+@torch.no_grad()
+def evaluate(
+    trainer,
+    dataset,
+    reward_funcs,
+    generation_kwargs: dict | None = None,
+    num_samples: int = 1,
+    max_prompt_length: int | None = None,
+    prompt_column: str = "prompt",
+) -> float:
+    """Mean reward of ``num_samples`` sampled responses per prompt of ``dataset``; no training, and the caller's
+    RNG streams are left as they were (so evaluating does not change the training run)."""
+    funcs = RewardFunctions(reward_funcs)
+    generation_config = _generation_config(trainer, generation_kwargs or {})
+    rows = dataset[:]
+    rows = {k: [v for v in values for _ in range(num_samples)] for k, values in rows.items()}
+    with torch.random.fork_rng(devices=[]):
+        _, _, _, _, scores = _rollout(trainer, rows, funcs, generation_config, max_prompt_length, prompt_column, 0)
+    return scores.mean().item()
