@@ -49,9 +49,19 @@ def masked_var(values: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
     return variance
 
 
-def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
-    """``(values - mean) / sqrt(var + 1e-8)`` with masked statistics; ``shift_mean=False`` keeps the mean."""
-    mean, var = masked_mean(values, mask), masked_var(values, mask)
+def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, reduce_sum=None) -> Tensor:
+    """``(values - mean) / sqrt(var + 1e-8)`` with masked statistics (unbiased var); ``shift_mean=False`` keeps
+    the mean. ``reduce_sum`` (e.g. a sum over data-parallel processes) makes the statistics those of the whole
+    batch across processes; None: this tensor's own."""
+    if reduce_sum is None:
+        mean, var = masked_mean(values, mask), masked_var(values, mask)
+    else:
+        mask_f = mask.to(values.dtype)
+        n = reduce_sum(mask_f.sum())
+        if n < 2:
+            raise ValueError(f"masked_whiten: {int(n)} unmasked value(s) in the batch; the variance needs two.")
+        mean = reduce_sum((values * mask_f).sum()) / n
+        var = reduce_sum(((values - mean).square() * mask_f).sum()) / (n - 1)
     whitened = (values - mean) * torch.rsqrt(var + 1e-8)
     return whitened if shift_mean else whitened + mean
 
@@ -205,43 +215,66 @@ def gae(values: Tensor, rewards: Tensor, mask: Tensor, gamma: float, lam: float)
 
 
 def advantages_and_returns(
-    values: Tensor, rewards: Tensor, mask: Tensor, gamma: float, lam: float, whiten: bool = True
+    values: Tensor, rewards: Tensor, mask: Tensor, gamma: float, lam: float, whiten: bool = True, reduce_sum=None
 ) -> tuple[Tensor, Tensor]:
     """``(advantages, returns)``, both ``(B, T)`` and detached: returns = raw GAE + values (the value target);
-    advantages whitened over the batch's unmasked tokens (as the seed)."""
+    advantages whitened over the batch's unmasked tokens (as the seed; ``reduce_sum``: see `masked_whiten`)."""
     advantages = gae(values, rewards, mask, gamma, lam)
     returns = advantages + values * mask.to(values.dtype)
     if whiten:
-        advantages = masked_whiten(advantages, mask)
+        advantages = masked_whiten(advantages, mask, reduce_sum=reduce_sum)
     return advantages.detach(), returns.detach()
 
 
 # ---------------------------------------------------------------------------------------------- losses
+def _token_mean(values: Tensor, mask: Tensor, num_tokens: float | Tensor | None) -> Tensor:
+    """``sum(values * mask) / num_tokens``; ``num_tokens`` defaults to the mask's count (a masked mean).
+
+    Passing the token count of the whole mini-batch over all processes, times the number of processes, makes the
+    data-parallel average of the per-process losses equal the loss of the whole mini-batch on one process.
+    """
+    if num_tokens is None:
+        return masked_mean(values, mask)
+    return (values * mask.to(values.dtype)).sum() / num_tokens
+
+
 def policy_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, cliprange: float
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cliprange: float,
+    num_tokens: float | Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Clipped surrogate ``mean(max(-A r, -A clip(r, 1 - eps, 1 + eps)))`` over unmasked tokens.
 
     Returns ``(loss (), clipfrac (), ratio (B, T))``; clipfrac is the fraction of tokens where the clipped term wins.
+    ``num_tokens``: the mean's denominator (see `_token_mean`).
     """
     ratio = torch.exp(logprobs - old_logprobs)
     losses = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    loss = masked_mean(torch.maximum(losses, clipped), mask)
+    loss = _token_mean(torch.maximum(losses, clipped), mask, num_tokens)
     clipfrac = masked_mean((clipped > losses).to(logprobs.dtype), mask)
     return loss, clipfrac, ratio
 
 
 def value_loss(
-    vpreds: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, cliprange_value: float, vf_coef: float
+    vpreds: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    cliprange_value: float,
+    vf_coef: float,
+    num_tokens: float | Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``vf_coef * 0.5 * mean(max((V - R)^2, (clip(V, V_old - eps, V_old + eps) - R)^2))`` over unmasked tokens.
 
-    Returns ``(weighted loss (), clipfrac ())``.
+    Returns ``(weighted loss (), clipfrac ())``. ``num_tokens``: the mean's denominator (see `_token_mean`).
     """
     vclipped = torch.clamp(vpreds, old_values - cliprange_value, old_values + cliprange_value)
     losses, clipped = (vpreds - returns).square(), (vclipped - returns).square()
-    loss = 0.5 * masked_mean(torch.maximum(losses, clipped), mask)
+    loss = 0.5 * _token_mean(torch.maximum(losses, clipped), mask, num_tokens)
     clipfrac = masked_mean((clipped > losses).to(vpreds.dtype), mask)
     return vf_coef * loss, clipfrac
 

@@ -203,7 +203,9 @@ class PPOTrainer:
         rewards, non_score = F.token_rewards(scores.to(device), kl, kl_coef, mask)
         timing["time/ppo/compute_rewards"] = time.time() - t
         t = time.time()
-        advantages, returns = F.advantages_and_returns(old.values, rewards, mask, self.config.gamma, self.config.lam)
+        advantages, returns = F.advantages_and_returns(
+            old.values, rewards, mask, self.config.gamma, self.config.lam, reduce_sum=self._reduce_sum
+        )
         timing["time/ppo/compute_advantages"] = time.time() - t
         t = time.time()
         rollout = {"logprobs": old.logprobs, "values": old.values, "advantages": advantages, "returns": returns}
@@ -303,11 +305,13 @@ class PPOTrainer:
         old = {k: rollout[k][rows, :width] for k in ROLLOUT_KEYS}
         self.model.eval()  # dropout off; gradients flow as usual
         out = forward(self.model, batch, config.temperature, entropy=True)
+        # token mean over the mini-batch of ALL processes (the data-parallel gradient average undoes the factor)
+        num_tokens = self._reduce_sum(mask.sum().float()) / self.accelerator.num_processes
         pg_loss, pg_clipfrac, ratio = F.policy_loss(
-            out.logprobs, old["logprobs"], old["advantages"], mask, config.cliprange
+            out.logprobs, old["logprobs"], old["advantages"], mask, config.cliprange, num_tokens
         )
         vf_loss, vf_clipfrac = F.value_loss(
-            out.values, old["values"], old["returns"], mask, config.cliprange_value, config.vf_coef
+            out.values, old["values"], old["returns"], mask, config.cliprange_value, config.vf_coef, num_tokens
         )
         loss = pg_loss + vf_loss
         avg_ratio = F.masked_mean(ratio, mask).item()
@@ -331,6 +335,10 @@ class PPOTrainer:
             "vf_clipfrac": vf_clipfrac,
         }
         return minibatch_stats(out, old, mask, ratio, losses)
+
+    def _reduce_sum(self, value: Tensor) -> Tensor:
+        """Sum over processes (identity on one process)."""
+        return self.accelerator.reduce(value, reduction="sum") if self.is_distributed else value
 
     # ------------------------------------------------------------------------------------------ logging
     def log_stats(self, stats: dict, batch: dict, rewards, columns_to_log: tuple[str, ...] = ("query", "response")):

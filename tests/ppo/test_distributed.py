@@ -1,0 +1,50 @@
+"""Two processes under `accelerate launch` give the same losses and the same update as one process."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+SCRIPT = Path(__file__).with_name("dist_step.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(args: list[str], out: Path) -> tuple[dict, dict]:
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    subprocess.run([*args, str(SCRIPT), str(out)], check=True, env=env, capture_output=True, timeout=300)
+    return load_file(str(out / "params.safetensors")), json.loads((out / "stats.json").read_text())
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one(tmp_path):
+    accelerate = shutil.which("accelerate") or str(Path(sys.executable).with_name("accelerate"))
+    one_params, one_stats = run([sys.executable], tmp_path / "one")
+    two_params, two_stats = run(
+        [
+            accelerate,
+            "launch",
+            "--num_processes",
+            "2",
+            "--cpu",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            "29533",
+        ],
+        tmp_path / "two",
+    )
+    for key, value in one_stats.items():
+        assert two_stats[key] == pytest.approx(value, abs=1e-5), key
+    for name, tensor in one_params.items():
+        torch.testing.assert_close(two_params[name], tensor, atol=1e-5, rtol=1e-4, msg=name)
