@@ -1,6 +1,6 @@
 """Helper for test_distributed.py: one PPO step on a fixed batch of 8 samples, split over the processes.
 
-Run as `python dist_step.py OUT` (1 process) or `accelerate launch --num_processes 2 --cpu dist_step.py OUT`;
+Run as `python dist_step.py OUT` (1 process) or `ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 dist_step.py OUT`;
 process 0 writes the updated parameters and the step's losses to OUT.
 """
 
@@ -31,6 +31,7 @@ def main(out: str) -> None:
     config = PPOConfig(batch_size=N, mini_batch_size=N, ppo_epochs=2, learning_rate=1e-2, init_kl_coef=0.1)
     probe = PPOTrainer(config, model, None, tokenizer)  # only to learn the process layout
     world, rank = probe.accelerator.num_processes, probe.accelerator.process_index
+    print(f"rank {rank} of {world}", file=sys.stderr)
     per = N // world
     config = PPOConfig(batch_size=per, mini_batch_size=per, ppo_epochs=2, learning_rate=1e-2, init_kl_coef=0.1)
     trainer = PPOTrainer(config, model, None, tokenizer)
@@ -39,7 +40,8 @@ def main(out: str) -> None:
     if trainer.accelerator.is_main_process:
         unwrapped = trainer.accelerator.unwrap_model(trainer.model)
         save_file({k: v.clone().contiguous() for k, v in unwrapped.state_dict().items()}, f"{out}/params.safetensors")
-        keys = ["ppo/loss/total", "ppo/loss/policy", "ppo/loss/value", "objective/kl", "ppo/val/error"]
+        # the losses (token means over the whole batch); not per-process stats such as ppo/val/error
+        keys = ["ppo/loss/total", "ppo/loss/policy", "ppo/loss/value", "objective/kl", "objective/kl_coef"]
         with open(f"{out}/stats.json", "w") as f:
             json.dump({k: stats[k] for k in keys}, f)
     trainer.accelerator.wait_for_everyone()

@@ -15,24 +15,29 @@ SCRIPT = Path(__file__).with_name("dist_step.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(args: list[str], out: Path) -> tuple[dict, dict]:
+def run(args: list[str], out: Path) -> tuple[dict, dict, str]:
     out.mkdir()
+    # ACCELERATE_USE_CPU + --multi_gpu: accelerate's way to start several CPU (gloo) processes on one machine
+    # (`--cpu` alone starts one process)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    subprocess.run([*args, str(SCRIPT), str(out)], check=True, env=env, capture_output=True, timeout=300)
-    return load_file(str(out / "params.safetensors")), json.loads((out / "stats.json").read_text())
+    env["ACCELERATE_USE_CPU"] = "true"
+    done = subprocess.run([*args, str(SCRIPT), str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return load_file(str(out / "params.safetensors")), json.loads((out / "stats.json").read_text()), done.stderr
 
 
 @pytest.mark.slow
 def test_two_processes_equal_one(tmp_path):
-    accelerate = shutil.which("accelerate") or str(Path(sys.executable).with_name("accelerate"))
-    one_params, one_stats = run([sys.executable], tmp_path / "one")
-    two_params, two_stats = run(
+    accelerate = Path(sys.executable).with_name("accelerate")
+    accelerate = str(accelerate) if accelerate.exists() else shutil.which("accelerate")
+    one_params, one_stats, _ = run([sys.executable], tmp_path / "one")
+    two_params, two_stats, log = run(
         [
             accelerate,
             "launch",
+            "--multi_gpu",
             "--num_processes",
             "2",
-            "--cpu",
             "--num_machines",
             "1",
             "--mixed_precision",
@@ -44,6 +49,7 @@ def test_two_processes_equal_one(tmp_path):
         ],
         tmp_path / "two",
     )
+    assert "rank 1 of 2" in log  # really two processes
     for key, value in one_stats.items():
         assert two_stats[key] == pytest.approx(value, abs=1e-5), key
     for name, tensor in one_params.items():
