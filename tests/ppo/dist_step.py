@@ -1,7 +1,8 @@
 """Helper for test_distributed.py: one PPO step on a fixed batch of 8 samples, split over the processes.
 
-Run as `python dist_step.py OUT` (1 process) or `ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 dist_step.py OUT`;
-process 0 writes the updated parameters and the step's losses to OUT.
+Run as `python dist_step.py OUT` (1 process) or
+`ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 dist_step.py OUT`; process 0 writes the
+updated parameters and the step's losses to OUT.
 """
 
 import json

@@ -10,6 +10,7 @@ from replayrl.cli.ppo import BUILTIN_CONFIG, parse_ppo_args
 from replayrl.metrics import METRICS_FILE, PLOT_FILE, read_metrics
 from replayrl.models.tiny import save_tiny
 from replayrl.models.value_head import AutoModelForCausalLMWithValueHead
+from replayrl.tasks import addition
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +71,9 @@ def test_end_to_end_local_jsonl(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_builtin_job_short(tmp_path, capsys):
+def test_builtin_job_short(tmp_path, capsys, monkeypatch):
+    warm_up = addition.warm_up  # a short warm-up: this test checks the job's plumbing, not its curve
+    monkeypatch.setattr(addition, "warm_up", lambda model, tokenizer, seed: warm_up(model, tokenizer, seed, steps=20))
     out = tmp_path / "builtin"
     argv = ["ppo", "--steps", "32", "--batch_size", "16", "--mini_batch_size", "8", "--output_dir", str(out)]
     assert main(argv) == 0

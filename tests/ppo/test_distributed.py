@@ -11,6 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.ppo import dist_step
+
 SCRIPT = Path(__file__).with_name("dist_step.py")
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +32,10 @@ def run(args: list[str], out: Path) -> tuple[dict, dict, str]:
 def test_two_processes_equal_one(tmp_path):
     accelerate = Path(sys.executable).with_name("accelerate")
     accelerate = str(accelerate) if accelerate.exists() else shutil.which("accelerate")
-    one_params, one_stats, _ = run([sys.executable], tmp_path / "one")
+    (tmp_path / "one").mkdir()
+    dist_step.main(str(tmp_path / "one"))  # one process: right here
+    one_params = load_file(str(tmp_path / "one" / "params.safetensors"))
+    one_stats = json.loads((tmp_path / "one" / "stats.json").read_text())
     two_params, two_stats, log = run(
         [
             accelerate,
