@@ -246,3 +246,19 @@ def test_trackers_and_metrics_file(tokenizer, tmp_path):
     line = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
     assert line["step"] == 1 and line["reward"] == 1.0 and "ppo/loss/total" in line
     assert "objective/kl_dist" not in line  # distributions stay out of the JSON file
+
+
+def test_peft_policy_uses_the_base_model_as_reference(tokenizer):
+    peft = pytest.importorskip("peft")
+    lm = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(lm, peft_config=lora)
+    trainer = PPOTrainer(PPOConfig(batch_size=8, mini_batch_size=4, learning_rate=1e-2), model, None, tokenizer)
+    assert trainer.ref_model is None  # no copy: the reference is the policy with its adapters disabled
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    queries, responses = queries_of(tokenizer), [torch.tensor([10, 11, 12])] * 8
+    first = trainer.step(queries, responses, [float(i % 2) for i in range(8)])
+    assert first["objective/kl"] == pytest.approx(0.0, abs=1e-6)  # LoRA starts as the identity
+    second = trainer.step(queries, responses, [float(i % 2) for i in range(8)])
+    assert abs(second["objective/kl"]) > 1e-4
+    assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen)
