@@ -293,7 +293,9 @@ class PPOTrainer:
         return self.minibatch_stats
 
     def _early_stop(self, policykl: float) -> bool:
-        if policykl > 1.5 * self.config.target_kl:
+        """Stop when ``policykl > 1.5 * target_kl`` on any process (all processes stop together, as the seed)."""
+        flag = torch.tensor(float(policykl > 1.5 * self.config.target_kl), device=self.accelerator.device)
+        if self._reduce_sum(flag).item() > 0:
             self.optimizer.zero_grad()
             return True
         return False
