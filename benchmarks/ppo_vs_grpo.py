@@ -131,6 +131,7 @@ def main(argv=None) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 (quick: 0)")
     p.add_argument("--completions", type=int, default=None, help="budget per run (default 6400; quick 640)")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    p.add_argument("--tag", default="", help="suffix of the result files (e.g. a GRPO-only run at another budget)")
     args = p.parse_args(argv)
     import torch
     import transformers
@@ -142,6 +143,7 @@ def main(argv=None) -> None:
     seeds = args.seeds or ([0] if args.quick else [0, 1])
     budget = args.completions or (640 if args.quick else 6400)
     work = Path(tempfile.mkdtemp(prefix="replayrl-ppo-vs-grpo-"))
+    name = "ppo_vs_grpo" + (f"_{args.tag}" if args.tag else "")
     runs = []
     for seed in seeds:
         base_model, tokenizer = build_default_model(seed)
@@ -161,11 +163,11 @@ def main(argv=None) -> None:
             )
             rows = summarize(runs)
             payload = {"completions": budget, "seeds": seeds, "rows": rows, "runs": runs}
-            write_results("ppo_vs_grpo", payload, quick=args.quick)  # after every run: partial results survive
+            write_results(name, payload, quick=args.quick)  # after every run: partial results survive
     table = print_table(rows, list(rows[0]), title=f"\nPPO vs GRPO, {budget} completions per run, medians over seeds")
-    plot(runs, RESULTS_DIR / f"ppo_vs_grpo{'_quick' if args.quick else ''}.png")
+    plot(runs, RESULTS_DIR / f"{name}{'_quick' if args.quick else ''}.png")
     write_results(
-        "ppo_vs_grpo",
+        name,
         {"completions": budget, "seeds": seeds, "rows": rows, "table": table, "runs": runs},
         quick=args.quick,
     )
