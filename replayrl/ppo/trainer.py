@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
@@ -81,7 +82,6 @@ class PPOTrainer:
         set_seed(config.seed)
         self.accelerator = Accelerator(
             log_with=config.log_with,
-            gradient_accumulation_steps=config.gradient_accumulation_steps,
             project_config=ProjectConfiguration(**config.project_kwargs),
             **config.accelerator_kwargs,
         )
@@ -284,10 +284,12 @@ class PPOTrainer:
         self.minibatch_stats = []
         for _ in range(config.ppo_epochs):
             order = torch.randperm(n, generator=self.shuffle_generator).to(batch.input_ids.device)
-            for start in range(0, n, config.mini_batch_size):
+            for k, start in enumerate(range(0, n, config.mini_batch_size)):
                 rows = order[start : start + config.mini_batch_size]
-                with self.accelerator.accumulate(self.model):
-                    self.minibatch_stats.append(self.train_minibatch(batch.select(rows), rollout, rows))
+                # an optimizer step every gradient_accumulation_steps mini-batches (batch_size is a multiple)
+                sync = (k + 1) % config.gradient_accumulation_steps == 0
+                with nullcontext() if sync or not self.is_distributed else self.accelerator.no_sync(self.model):
+                    self.minibatch_stats.append(self.train_minibatch(batch.select(rows), rollout, rows, sync))
             if config.early_stopping and self._early_stop(self.minibatch_stats[-1]["policy/policykl"]):
                 break
         return self.minibatch_stats
@@ -300,8 +302,10 @@ class PPOTrainer:
             return True
         return False
 
-    def train_minibatch(self, batch: PPOBatch, rollout: dict[str, Tensor], rows: Tensor) -> dict[str, float]:
-        """Loss, backward and (at an accumulation boundary) an optimizer step on one mini-batch."""
+    def train_minibatch(
+        self, batch: PPOBatch, rollout: dict[str, Tensor], rows: Tensor, sync: bool = True
+    ) -> dict[str, float]:
+        """Loss, backward and (when ``sync``: the last mini-batch of an accumulation) an optimizer step."""
         config, mask = self.config, batch.response_mask
         width = mask.shape[1]
         old = {k: rollout[k][rows, :width] for k in ROLLOUT_KEYS}
@@ -324,11 +328,7 @@ class PPOTrainer:
                 stacklevel=2,
             )
             pg_loss, vf_loss, loss = pg_loss * 0.0, vf_loss * 0.0, loss * 0.0
-        self.accelerator.backward(loss)
-        if config.max_grad_norm is not None and self.accelerator.sync_gradients:
-            self.accelerator.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad()
+        self._backward(loss, sync)
         losses = {
             "policy": pg_loss,
             "value": vf_loss,
@@ -337,6 +337,22 @@ class PPOTrainer:
             "vf_clipfrac": vf_clipfrac,
         }
         return minibatch_stats(out, old, mask, ratio, losses)
+
+    def _backward(self, loss: Tensor, sync: bool) -> None:
+        """Accumulate ``loss / gradient_accumulation_steps``; at ``sync``, clip and step.
+
+        Accumulation is counted here rather than by `Accelerator.accumulate`, whose state is shared by every
+        Accelerator of the process (two trainers with different settings would disturb each other); the factor
+        cancels the division `accelerator.backward` applies with that shared setting.
+        """
+        shared_steps = self.accelerator.gradient_accumulation_steps
+        self.accelerator.backward(loss * shared_steps / self.config.gradient_accumulation_steps)
+        if not sync:
+            return
+        if self.config.max_grad_norm is not None:
+            self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
 
     def _reduce_sum(self, value: Tensor) -> Tensor:
         """Sum over processes (identity on one process)."""

@@ -137,8 +137,7 @@ def _optimize_in_order(trainer):
         trainer.minibatch_stats = []
         for start in range(0, batch.input_ids.shape[0], trainer.config.mini_batch_size):
             rows = torch.arange(start, start + trainer.config.mini_batch_size)
-            with trainer.accelerator.accumulate(trainer.model):
-                trainer.minibatch_stats.append(trainer.train_minibatch(batch.select(rows), rollout, rows))
+            trainer.minibatch_stats.append(trainer.train_minibatch(batch.select(rows), rollout, rows))
         return trainer.minibatch_stats
 
     return run
@@ -262,3 +261,31 @@ def test_peft_policy_uses_the_base_model_as_reference(tokenizer):
     second = trainer.step(queries, responses, [float(i % 2) for i in range(8)])
     assert abs(second["objective/kl"]) > 1e-4
     assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen)
+
+
+def test_gradient_accumulation_equals_one_big_mini_batch(tokenizer):
+    """2 accumulated mini-batches of 4 (one optimizer step) == one mini-batch of 8, for equal-length responses."""
+    model = value_model(tokenizer)
+    common = dict(batch_size=8, ppo_epochs=1, learning_rate=1e-2, init_kl_coef=0.1)
+    accumulated = PPOTrainer(
+        PPOConfig(mini_batch_size=4, gradient_accumulation_steps=2, **common), copy.deepcopy(model), None, tokenizer
+    )
+    whole = PPOTrainer(PPOConfig(mini_batch_size=8, **common), copy.deepcopy(model), None, tokenizer)
+    queries, responses = queries_of(tokenizer), [torch.tensor([10 + i, 11, 12]) for i in range(8)]
+    scores = [float(i % 3) for i in range(8)]
+    accumulated.step(queries, responses, scores)
+    whole.step(queries, responses, scores)
+    # Adam divides by sqrt(v): a near-zero gradient turns float rounding into ~1e-5; a wrong accumulation is ~lr
+    for a, b in zip(accumulated.model.parameters(), whole.model.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), whole.model.parameters()))
+
+
+def test_shared_layers_reference(tokenizer):
+    model = value_model(tokenizer)
+    trainer = PPOTrainer(PPOConfig(batch_size=8, mini_batch_size=4), model, None, tokenizer, num_shared_layers=1)
+    shared = model.pretrained_model.model.layers[0].mlp.up_proj.weight
+    assert trainer.ref_model.pretrained_model.model.layers[0].mlp.up_proj.weight is shared
+    before = shared.detach().clone()
+    trainer.step(queries_of(tokenizer), [torch.tensor([10, 11])] * 8, [1.0] * 8)
+    assert torch.equal(shared, before)  # frozen in the policy too
