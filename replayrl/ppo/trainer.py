@@ -361,14 +361,17 @@ class PPOTrainer:
     # ------------------------------------------------------------------------------------------ logging
     def log_stats(self, stats: dict, batch: dict, rewards, columns_to_log: tuple[str, ...] = ("query", "response")):
         """Send the step's scalar stats (+ env/reward_mean, env/reward_std) to the accelerate trackers and append
-        them to ``output_dir/metrics.jsonl``. Call once per step, after `step`."""
+        them to ``metrics.jsonl`` in ``output_dir`` (else ``project_kwargs["project_dir"]``, if either is set).
+        Call once per step, after `step`. (``batch`` and ``columns_to_log`` are accepted for the seed's
+        signature; no table of samples is logged.)"""
         rewards = torch.stack([torch.as_tensor(r, dtype=torch.float32).reshape(()) for r in rewards])
         rewards = self.accelerator.gather(rewards.to(self.accelerator.device)).cpu()
         record = log_stats_record(stats, rewards)
         if self.config.log_with is not None:
             self.accelerator.log(record, step=self.current_step)
-        if self.config.output_dir and self.accelerator.is_main_process:
-            out = Path(self.config.output_dir)
+        directory = self.config.output_dir or self.config.project_kwargs.get("project_dir")
+        if directory and self.accelerator.is_main_process:
+            out = Path(directory)
             out.mkdir(parents=True, exist_ok=True)
             line = {"step": self.current_step, **{k: json_value(v) for k, v in record.items()}}
             with (out / METRICS_FILE).open("a") as f:
