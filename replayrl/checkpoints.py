@@ -267,19 +267,25 @@ class SafeCheckpointsMixin:
         )
 
     def _refuse_stale_checkpoints(self) -> None:
-        """A fresh run must not mix with an earlier run's checkpoints (resume would later pick theirs)."""
-        import shutil
-
-        old = checkpoints_in(self.args.output_dir)
-        if not old:
-            return
-        if not getattr(self.args, "overwrite_output_dir", False):
-            raise ValueError(
-                f"output_dir {self.args.output_dir!r} already holds checkpoints ({old[-1].name}, ...) from an "
-                "earlier run. Resume it with resume_from_checkpoint=True, pass overwrite_output_dir=True to "
-                "replace them, or choose another output_dir."
-            )
-        if self.args.should_save:
-            for path in old:
-                shutil.rmtree(path)
+        delete = self.args.should_save
+        refuse_stale_checkpoints(self.args.output_dir, getattr(self.args, "overwrite_output_dir", False), delete)
         self.accelerator.wait_for_everyone()
+
+
+def refuse_stale_checkpoints(output_dir: str, overwrite: bool, delete: bool) -> None:
+    """A fresh run must not mix with an earlier run's checkpoints (resume would later pick theirs): refuse,
+    or with `overwrite`, delete them (when `delete`)."""
+    import shutil
+
+    old = checkpoints_in(output_dir)
+    if not old:
+        return
+    if not overwrite:
+        raise ValueError(
+            f"output_dir {output_dir!r} already holds checkpoints ({old[-1].name}, ...) from an earlier run. "
+            "Resume it with resume_from_checkpoint=True, pass overwrite_output_dir=True to replace them, or "
+            "choose another output_dir."
+        )
+    if delete:
+        for path in old:
+            shutil.rmtree(path)

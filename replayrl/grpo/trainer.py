@@ -30,6 +30,7 @@ from replayrl import algos
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.prompts import is_conversational, prompts_to_text, tokenize_prompts
 from replayrl.generation.hf import build_generation_config, generate_completions
+from replayrl.grpo.checks import check_datasets
 from replayrl.grpo.config import GRPOConfig
 from replayrl.grpo.rollout import Rollout
 from replayrl.grpo.sampler import RepeatSampler
@@ -76,9 +77,8 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
             from peft import get_peft_model
 
             model = get_peft_model(model, peft_config)
-        for name, ds in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
-            _check_prompt_column(name, ds)
         self.reward_funcs = RewardFunctions(reward_funcs, reward_processing_classes, args.reward_weights)
+        check_datasets(args, train_dataset, eval_dataset, self.reward_funcs)
         self.ref_model = self._build_ref_model(model, args, peft_config is not None)
 
         super().__init__(
@@ -443,16 +443,3 @@ def _known_or(values: Tensor | None, current: Tensor, real: Tensor) -> Tensor:
     if values is None:
         return current
     return torch.where(real & ~values.isnan(), values, current)
-
-
-def _check_prompt_column(name: str, dataset) -> None:
-    if dataset is None:
-        return
-    datasets = dataset.values() if isinstance(dataset, dict) else [dataset]
-    for ds in datasets:
-        columns = getattr(ds, "column_names", None)
-        if columns is not None and "prompt" not in columns:
-            raise ValueError(
-                f"{name} has no 'prompt' column (columns: {columns}). GRPO reads prompts from 'prompt': rename "
-                "your column, e.g. dataset.rename_column('question', 'prompt')."
-            )
