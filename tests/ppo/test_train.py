@@ -50,6 +50,8 @@ def test_resume_equals_an_uninterrupted_run(tokenizer, tmp_path):
     first = trainer_for(tokenizer, tmp_path / "split", steps=2, save_steps=2, adap_kl_ctrl=True, use_score_scaling=True)
     first.train([lowercase_fraction], **gen)
     assert is_complete(tmp_path / "split" / "checkpoint-2")
+    with (tmp_path / "split" / "metrics.jsonl").open("a") as f:  # a step logged after the checkpoint, then a crash
+        f.write('{"step": 3, "reward": 0.5}\n')
     resumed = trainer_for(tokenizer, tmp_path / "split", steps=4, adap_kl_ctrl=True, use_score_scaling=True)
     resumed.train([lowercase_fraction], resume_from_checkpoint=True, **gen)
     for a, b in zip(full.model.parameters(), resumed.model.parameters()):
@@ -72,3 +74,8 @@ def test_train_errors(tokenizer, tmp_path):
     no_data = PPOTrainer(PPOConfig(batch_size=8), trainer.model, None, tokenizer)
     with pytest.raises(ValueError, match="needs a dataset"):
         no_data.train([lowercase_fraction])
+    stale = trainer_for(tokenizer, tmp_path / "stale", steps=1, save_steps=1)
+    stale.train([lowercase_fraction], generation_kwargs={"max_new_tokens": 2})
+    again = trainer_for(tokenizer, tmp_path / "stale", steps=1, save_steps=1)
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        again.train([lowercase_fraction])
