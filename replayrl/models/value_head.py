@@ -133,8 +133,6 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
 
     def forward(self, input_ids=None, past_key_values=None, attention_mask=None, return_past_key_values=False, **kw):
         kw["output_hidden_states"] = True
-        if self.is_peft_model and getattr(self.pretrained_model, "active_peft_config", None) is not None:
-            kw.pop("past_key_values", None)
         out = self.pretrained_model(
             input_ids=input_ids, past_key_values=past_key_values, attention_mask=attention_mask, **kw
         )
