@@ -20,6 +20,10 @@ _EXPORTS = {
     "ReplayBuffer": "replayrl.replay.buffer",
     "SFTConfig": "replayrl.sft.config",
     "SFTTrainer": "replayrl.sft.trainer",
+    "AutoModelForCausalLMWithValueHead": "replayrl.models.value_head",
+    "create_reference_model": "replayrl.models.value_head",
+    "PPOConfig": "replayrl.ppo.config",
+    "PPOTrainer": "replayrl.ppo.trainer",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
