@@ -58,7 +58,7 @@ def panels_for(records: list[dict]) -> list[tuple[str, list[tuple[str, str]], st
         return PPO_PANELS
     if keys & GRPO_KEYS:  # not any PANELS key: other trainers log `entropy` too
         return PANELS
-    names = sorted({k.removeprefix("eval_") for k in keys}, key=lambda k: ("loss" not in k, k))[:6]
+    names = sorted({k.removeprefix("eval_") for k in keys}, key=_panel_order)[:6]
     return [(name, [(name, "train"), (f"eval_{name}", "eval")], "not logged") for name in names]
 
 
@@ -98,3 +98,11 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
     if not metrics.is_file():
         raise FileNotFoundError(f"no {METRICS_FILE} in {run_dir} (is it the output_dir of a replayrl run?)")
     return plot_metrics(read_metrics(metrics), output or run_dir / PLOT_FILE, title=str(run_dir))
+
+
+# Headline metrics of the preference trainers (DPO, reward): drawn right after the losses when a run logs them.
+_HEADLINE = ("rewards/accuracies", "rewards/margins", "rewards/chosen", "accuracy", "margin")
+
+
+def _panel_order(key: str) -> tuple:
+    return ("loss" not in key, _HEADLINE.index(key) if key in _HEADLINE else len(_HEADLINE), key)
