@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from transformers import TrainingArguments
-
 from replayrl.algos.preference import F_DIVERGENCES, check_loss_types
+from replayrl.training_args import TrainingArguments
 
 
 def _help(text: str) -> dict:

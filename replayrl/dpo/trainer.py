@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import os
 from collections import defaultdict
 from contextlib import contextmanager
 
@@ -25,17 +24,16 @@ from accelerate import PartialState
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
-from transformers.trainer_utils import get_last_checkpoint
 
 from replayrl.algos.logprobs import selective_log_softmax
 from replayrl.algos.preference import PairLogps, dpo_losses, implicit_rewards, wpo_token_terms, wpo_weights
+from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.preference import DPODataCollator, dataset_kind, tokenize_dpo_row
 from replayrl.dpo.config import DPOConfig
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.loading import load_causal_lm
 from replayrl.models.reference import SyncRefModelCallback
 
-REF_MODEL_FILE = "replayrl_ref_model.safetensors"  # the TR-DPO reference in a checkpoint
 SEED_ARGS = (
     "beta",
     "max_length",
@@ -62,7 +60,7 @@ def _disable_dropout(model: nn.Module) -> None:
             module.p = 0.0
 
 
-class DPOTrainer(Trainer):
+class DPOTrainer(SafeCheckpointsMixin, Trainer):
     """TRL-compatible DPO trainer. Arguments as TRL's `DPOTrainer`; the seed's `beta`, `max_length`, ...
     may also be given here, and override `args`."""
 
@@ -408,30 +406,17 @@ class DPOTrainer(Trainer):
         return loss.detach(), None, None
 
     # ----------------------------------------------------------------------------------------- checkpoints
-    def _save_checkpoint(self, model, trial):
-        """TR-DPO's reference changes during training: it goes into the checkpoint (safetensors, no pickle)."""
-        super()._save_checkpoint(model, trial)
-        if self.args.sync_ref_model and self.is_world_process_zero():
-            from safetensors.torch import save_model
+    def _extra_state(self) -> dict:
+        """TR-DPO's reference changes during training: it goes into the checkpoint."""
+        if not self.args.sync_ref_model:
+            return {}
+        return {"ref_model": self.accelerator.unwrap_model(self.ref_model).state_dict()}
 
-            out = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-            save_model(self.accelerator.unwrap_model(self.ref_model), os.path.join(out, REF_MODEL_FILE))
-
-    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kw):
-        if resume_from_checkpoint is True:
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
-            if resume_from_checkpoint is None:
-                raise ValueError(f"No checkpoint found in output_dir {self.args.output_dir!r} to resume from.")
-        path = os.path.join(resume_from_checkpoint, REF_MODEL_FILE) if resume_from_checkpoint else None
-        if path and self.args.sync_ref_model:
-            if not os.path.exists(path):
-                raise ValueError(
-                    f"{resume_from_checkpoint} has no {REF_MODEL_FILE}: it was not saved with sync_ref_model"
-                )
-            from safetensors.torch import load_model
-
-            load_model(self.accelerator.unwrap_model(self.ref_model), path)
-        return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kw)
+    def _load_extra_state(self, state: dict) -> None:
+        if self.args.sync_ref_model:
+            if "ref_model" not in state:
+                raise ValueError("The checkpoint was not saved with sync_ref_model=True: it has no TR-DPO reference.")
+            self.accelerator.unwrap_model(self.ref_model).load_state_dict(state["ref_model"])
 
     # ----------------------------------------------------------------------------------------- metrics
     def _record_metrics(self, mode: str, out: dict, chosen_rewards, rejected_rewards, losses) -> None:

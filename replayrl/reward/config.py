@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from transformers import TrainingArguments
+from replayrl.training_args import TrainingArguments
 
 
 def _help(text: str) -> dict:

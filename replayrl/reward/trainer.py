@@ -26,6 +26,7 @@ from transformers import (
 )
 
 from replayrl.algos.preference import bradley_terry_loss, pairwise_accuracy
+from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.preference import RewardDataCollatorWithPadding, dataset_kind, tokenize_reward_row
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.reward.config import RewardConfig
@@ -70,7 +71,7 @@ def check_pad_token(model: PreTrainedModel, tokenizer) -> int:
     return model.config.pad_token_id
 
 
-class RewardTrainer(Trainer):
+class RewardTrainer(SafeCheckpointsMixin, Trainer):
     """TRL-compatible reward trainer; also takes the seed's pre-tokenized columns, `tokenizer=` and
     `max_length=`."""
 
