@@ -18,6 +18,7 @@ from replayrl.cli.common import PROG, CLIError, one_line
 COMMANDS: dict[str, tuple[str, str]] = {
     "grpo": ("replayrl.cli.grpo", "train with GRPO and a replay buffer (built-in offline job without a model)"),
     "plot": ("replayrl.cli.plot", "re-draw a run's plot from its metrics.jsonl"),
+    "vllm-serve": ("replayrl.cli.vllm_serve", "serve a model with vLLM for GRPO's vllm_mode='server' (loopback)"),
 }
 
 

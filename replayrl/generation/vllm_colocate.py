@@ -27,6 +27,7 @@ from replayrl.generation.base import (
     pad_completions,
     unpad_prompts,
 )
+from replayrl.generation.vllm_worker import reload_weights
 
 MIN_KV_CACHE_BYTES = 32 << 20
 
@@ -73,24 +74,6 @@ def sampling_kwargs(args, max_tokens: int) -> dict:
     )
     kwargs.update(getattr(args, "generation_kwargs", None) or {})
     return kwargs
-
-
-def repack_tied_lm_head(model) -> None:
-    """After a reload, refresh the CPU build's packed copy of a tied lm_head (it shares the embedding's weight
-    but keeps its own packed layout, which `reload_weights` does not rebuild)."""
-    lm_head = getattr(model, "lm_head", None)
-    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-    if lm_head is None or embed is None or getattr(lm_head, "weight", None) is not getattr(embed, "weight", None):
-        return
-    quant_method = getattr(lm_head, "quant_method", None)
-    if quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
-        quant_method.process_weights_after_loading(lm_head)
-
-
-def _reload_from_tensors(worker, weights: list[tuple[str, Tensor]]) -> None:
-    """Runs on the (in-process) worker: load the trainer's tensors into the engine's model."""
-    worker.model_runner.reload_weights(weights_iterator=iter(weights))
-    repack_tied_lm_head(worker.model_runner.model)
 
 
 def _set_launcher_env() -> None:
@@ -146,9 +129,9 @@ class VLLMColocateBackend:
             engine_kwargs["gpu_memory_utilization"] = args.vllm_gpu_memory_utilization
             engine_kwargs["enable_sleep_mode"] = args.vllm_enable_sleep_mode
         _set_launcher_env()
-        threads = torch.get_num_threads()
+        # vLLM's CPU worker binds the thread pool and disables torch.set_num_threads for the whole process: the
+        # caller sets threads (torch.set_num_threads / OMP_NUM_THREADS) before this point.
         llm = vllm.LLM(**engine_kwargs)
-        torch.set_num_threads(threads)
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         params = vllm.SamplingParams(
@@ -172,11 +155,21 @@ class VLLMColocateBackend:
     def sync_weights(self, model) -> None:
         with merged_adapter(model):
             weights = list(hf_state_dict(model))
-            self.llm.collective_rpc(_reload_from_tensors, args=(weights,))
+            self.llm.collective_rpc(reload_weights, args=(weights,))
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
-        self.llm = None
+        """Shut the engine down and tear down its process group, so that another engine can start later in
+        this process."""
+        if self.llm is not None:
+            import gc
+
+            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+            self.llm = None
+            gc.collect()
+            destroy_model_parallel()
+            destroy_distributed_environment()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
