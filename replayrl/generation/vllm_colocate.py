@@ -47,11 +47,30 @@ def kv_cache_budget(model_config, dtype: torch.dtype, max_model_len: int, num_se
     `vllm_gpu_memory_utilization`, read as a share of RAM). Unbounded, vLLM's CPU worker reserves ~16 GiB."""
     layers = model_config.num_hidden_layers
     heads = getattr(model_config, "num_key_value_heads", None) or model_config.num_attention_heads
-    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
-    per_token = 2 * layers * heads * head_dim * torch.finfo(dtype).bits // 8
+    per_token = 2 * layers * heads * _head_dim(model_config) * torch.finfo(dtype).bits // 8
     need = 2 * per_token * max_model_len * max(num_seqs, 1)
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return int(min(max(need, MIN_KV_CACHE_BYTES), max(fraction * ram, MIN_KV_CACHE_BYTES)))
+
+
+def _head_dim(model_config) -> int:
+    return getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
+
+
+def check_cpu_head_dim(model_config) -> None:
+    """vLLM's CPU attention has kernels for a fixed set of head sizes; fail before starting the engine."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        supported = CPUAttentionBackend.get_supported_head_sizes()
+    except (ImportError, AttributeError):  # another vLLM version: let the engine decide
+        return
+    head_dim = _head_dim(model_config)
+    if head_dim not in supported:
+        raise ValueError(
+            f"vLLM's CPU attention does not support head_dim={head_dim} (hidden_size / num_attention_heads); "
+            f"supported: {supported}. Use a model with one of those, or use_vllm=False."
+        )
 
 
 def free_port() -> int:
@@ -116,6 +135,7 @@ class VLLMColocateBackend:
             max_num_seqs=max(args.per_device_train_batch_size * args.steps_per_generation, 1),
         )
         if current_platform.is_cpu():
+            check_cpu_head_dim(base.config)
             engine_kwargs["enforce_eager"] = True
             if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
                 engine_kwargs["kv_cache_memory_bytes"] = kv_cache_budget(
