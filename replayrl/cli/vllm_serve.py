@@ -48,7 +48,9 @@ def run(argv: list[str]) -> int:
     if not 0 < args.port < 65536:
         raise CLIError(f"--port must be in 1..65535 (got {args.port})")
     if importlib.util.find_spec("vllm") is None:
-        raise CLIError("vLLM is not installed: `pip install replayrl[vllm]` (CPU: see docs/vllm.md)")
+        from replayrl.generation.base import VLLM_INSTALL
+
+        raise CLIError(f"vLLM is not installed: {VLLM_INSTALL}")
     from replayrl.generation.vllm_serve import VLLMServer, server_command
 
     command = server_command(

