@@ -214,6 +214,13 @@ def _validate_vllm(args: GRPOConfig) -> None:
         raise ValueError(
             f"vllm_importance_sampling_mode must be one of {IS_MODES} (got {args.vllm_importance_sampling_mode!r})."
         )
+    if args.vllm_mode == "colocate" and args.world_size > 1:
+        raise ValueError(
+            f"vllm_mode='colocate' runs one in-process engine for a single training process (world_size is "
+            f"{args.world_size}); use vllm_mode='server' with `replayrl vllm-serve`."
+        )
+    if args.vllm_guided_decoding_regex is not None:
+        raise ValueError("vllm_guided_decoding_regex is not supported yet (the engine runs without a tokenizer).")
     if args.vllm_importance_sampling_cap <= 0:
         raise ValueError(f"vllm_importance_sampling_cap must be > 0 (got {args.vllm_importance_sampling_cap}).")
     if importlib.util.find_spec("vllm") is None:
