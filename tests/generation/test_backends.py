@@ -63,3 +63,23 @@ def test_hf_state_dict_of_merged_peft_model_has_plain_names(model):
     peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], lora_dropout=0.0))
     names = dict(hf_state_dict(peft_model))
     assert names.keys() == plain.keys()
+
+
+def test_kv_cache_budget_is_what_the_batch_needs_within_the_ram_share(tokenizer):
+    from replayrl.generation.vllm_colocate import MIN_KV_CACHE_BYTES, kv_cache_budget
+    from replayrl.models.tiny import build_tiny_model
+
+    config = build_tiny_model(tokenizer, hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2).config
+    # 2 (K, V) * 4 layers * 2 kv heads * 64 head_dim * 4 bytes = 4096 bytes per token; x 128 tokens x 64 seqs x 2
+    assert kv_cache_budget(config, torch.float32, 128, 64, fraction=0.3) == 4096 * 128 * 64 * 2
+    assert kv_cache_budget(config, torch.float32, 16, 1, fraction=0.3) == MIN_KV_CACHE_BYTES
+    assert kv_cache_budget(config, torch.float32, 4096, 4096, fraction=1e-6) == MIN_KV_CACHE_BYTES
+
+
+def test_sampling_kwargs_map_trl_fields(tmp_path):
+    from replayrl.generation.vllm_colocate import sampling_kwargs
+
+    args = GRPOConfig(output_dir=str(tmp_path), temperature=0.7, top_k=None, min_p=None, repetition_penalty=1.1)
+    kwargs = sampling_kwargs(args, 12)
+    assert kwargs["top_k"] == -1 and kwargs["min_p"] == 0.0 and kwargs["max_tokens"] == 12
+    assert kwargs["temperature"] == 0.7 and kwargs["repetition_penalty"] == 1.1 and kwargs["logprobs"] == 0
