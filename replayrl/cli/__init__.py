@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ddpo": ("replayrl.cli.ddpo", "fine-tune a diffusion model with DDPO (built-in offline job without a model)"),
     "ppo": ("replayrl.cli.ppo", "train with PPO and a value head (built-in offline job without a model)"),
     "plot": ("replayrl.cli.plot", "re-draw a run's plot from its metrics.jsonl"),
+    "vllm-serve": ("replayrl.cli.vllm_serve", "serve a model with vLLM for GRPO's vllm_mode='server' (loopback)"),
 }
 
 

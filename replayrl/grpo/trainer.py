@@ -2,7 +2,8 @@
 
 What runs, per generation batch (each process generates `per_device_train_batch_size *
 steps_per_generation` completions, whole groups of G):
-  1. sample G completions per prompt with `generate` (behaviour policy = current policy);
+  1. sample G completions per prompt with the generation backend (transformers `generate`, or vLLM with
+     `use_vllm`: weights synced after each optimizer step, engine/trainer mismatch corrected, docs/vllm.md);
   2. score them with every reward function, weighted sum, None -> ignored;
   3. group-relative advantages (scale: group std, batch std or none);
   4. `_postprocess_rollout` hook (identity here; the replay trainer swaps zero-std groups);
@@ -29,9 +30,11 @@ from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallbac
 from replayrl import algos
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.prompts import is_conversational, prompts_to_text, tokenize_prompts
-from replayrl.generation.hf import build_generation_config, generate_completions
+from replayrl.generation import build_backend
+from replayrl.generation.hf import build_generation_config
 from replayrl.grpo.checks import check_datasets
 from replayrl.grpo.config import GRPOConfig
+from replayrl.grpo.generation import engine_correction, sync_generator
 from replayrl.grpo.rollout import Rollout
 from replayrl.grpo.sampler import RepeatSampler
 from replayrl.metrics.callback import attach_metrics_file
@@ -97,6 +100,10 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
         self.num_generations = args.num_generations
         self.generate_every = args.steps_per_generation * args.num_iterations
         self.generation_config = build_generation_config(args, processing_class)
+        self.generator = build_backend(
+            args, self.accelerator.unwrap_model(self.model), processing_class, self.generation_config
+        )
+        self._synced_step: int | None = None  # optimizer step whose weights the generator has
         self._step = 0  # micro-batches served so far (drives when to generate)
         self._micro_batches: list[Rollout] | None = None
         self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
@@ -190,10 +197,9 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
         prompt_ids, prompt_mask = tokenize_prompts(self.processing_class, texts, self.args.max_prompt_length)
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
         start = time.perf_counter()
-        policy = self.accelerator.unwrap_model(self.model)
-        completion_ids, completion_mask, truncated = generate_completions(
-            policy, prompt_ids, prompt_mask, self.generation_config
-        )
+        sync_generator(self, self.accelerator.unwrap_model(self.model))
+        out = self.generator.generate(prompt_ids, prompt_mask)
+        completion_ids, completion_mask, truncated = out.completion_ids, out.completion_mask, out.truncated
         self._metrics[mode]["timing/generation"].append(time.perf_counter() - start)
 
         id_lists = [ids[m.bool()].tolist() for ids, m in zip(completion_ids, completion_mask)]
@@ -219,6 +225,7 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
             policy_version=torch.full((n,), self.state.global_step, dtype=torch.long, device=device),
             replayed=torch.zeros(n, dtype=torch.bool, device=device),
             truncated=truncated,
+            engine_logps=out.logps,
         )
         return self._add_logps(rollout, mode)
 
@@ -300,6 +307,7 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
         if mode == "train":
             batch.old_logps = behaviour  # keep them: the replay buffer stores behaviour log-probs
         old, is_weights = self._behaviour_correction(batch, current, behaviour)
+        is_weights = engine_correction(self, mode, batch, behaviour, is_weights)
         per_token, low, high, _ = algos.clipped_surrogate(
             logps, old, batch.advantages, self.args.epsilon, self.args.epsilon_high, is_weights
         )
