@@ -9,12 +9,14 @@ TRL added later (`loss_type`, `scale_rewards` as a string, `mask_truncated_compl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from transformers import TrainingArguments
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-SCALE_REWARDS = ("group", "batch", "none")
+from replayrl.grpo.config_parity import TRLParityArguments, validate_parity
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+SCALE_REWARDS = ("group", "batch", "none", "mean")
 
 
 def _help(text: str) -> dict:
@@ -22,7 +24,7 @@ def _help(text: str) -> dict:
 
 
 @dataclass
-class GRPOConfig(TrainingArguments):
+class GRPOConfig(TRLParityArguments, TrainingArguments):
     r"""Configuration for [`GRPOTrainer`]. Only the GRPO-specific parameters are listed; the rest are
     `transformers.TrainingArguments`. Every field is also a `replayrl grpo --<field>` flag.
     """
@@ -94,11 +96,12 @@ class GRPOConfig(TrainingArguments):
             "'none' (False) does not scale (Dr. GRPO)."
         ),
     )
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = field(
+    loss_type: str = field(
         default="dapo",
         metadata=_help(
             "Token aggregation: 'grpo' (sequence mean, then batch mean), 'bnpo' (token mean over the process's "
-            "batch), 'dr_grpo' (sum / (batch * max_completion_length)), 'dapo' (token mean over the global batch)."
+            "batch), 'dr_grpo' (sum / (batch * max_completion_length)), 'dapo' (token mean over the global batch); "
+            "other per-token losses: 'cispo', 'sapo', 'luspo', 'vespo' (docs/grpo.md)."
         ),
     )
     mask_truncated_completions: bool = field(
@@ -171,6 +174,7 @@ class GRPOConfig(TrainingArguments):
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        validate_parity(self)
         if self.use_vllm:
             raise ValueError(
                 "use_vllm=True is not supported yet: replayrl generates with transformers' `generate`. "
