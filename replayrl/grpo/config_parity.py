@@ -70,7 +70,9 @@ class TRLParityArguments:
     # Loss
     delta: float | None = field(
         default=None,
-        metadata=_help("Two-sided clipping (INTELLECT-2, arXiv:2505.07291): cap the unclipped ratio at delta (> 1+eps)."),
+        metadata=_help(
+            "Two-sided clipping (INTELLECT-2, arXiv:2505.07291): cap the unclipped ratio at delta (> 1+eps)."
+        ),
     )
     sapo_temperature_neg: float = field(default=1.05, metadata=_help("SAPO gate temperature where A <= 0."))
     sapo_temperature_pos: float = field(default=1.0, metadata=_help("SAPO gate temperature where A > 0."))
@@ -155,21 +157,51 @@ def validate_parity(cfg) -> None:
             raise ValueError(message)
     level, agg = cfg.importance_sampling_level, cfg.multi_objective_aggregation
     checks = [
-        (level in IMPORTANCE_SAMPLING_LEVELS, f"importance_sampling_level must be 'token' or 'sequence' (got {level!r})."),
-        (agg in MULTI_OBJECTIVE_AGGREGATIONS, f"multi_objective_aggregation must be one of {MULTI_OBJECTIVE_AGGREGATIONS} (got {agg!r})."),
-        (not (agg == "normalize_then_sum" and cfg.scale_rewards == "mean"), "scale_rewards='mean' only works with multi_objective_aggregation='sum_then_normalize'."),
-        (not (cfg.loss_type == "luspo" and level != "sequence"), "loss_type='luspo' is a sequence-level loss: set importance_sampling_level='sequence'."),
-        (not (cfg.loss_type in TOKEN_LEVEL_ONLY and level == "sequence"), f"loss_type={cfg.loss_type!r} already weights whole sequences; use importance_sampling_level='token'."),
-        (cfg.delta is None or cfg.delta > 1 + cfg.epsilon_high, f"delta ({cfg.delta}) must be > 1 + epsilon_high ({1 + cfg.epsilon_high}), or None."),
-        (cfg.delta is None or cfg.loss_type not in ("cispo", "sapo", "vespo"), f"delta is a PPO-clip option; loss_type={cfg.loss_type!r} has no clipped branch. Unset delta."),
+        (
+            level in IMPORTANCE_SAMPLING_LEVELS,
+            f"importance_sampling_level must be 'token' or 'sequence' (got {level!r}).",
+        ),
+        (
+            agg in MULTI_OBJECTIVE_AGGREGATIONS,
+            f"multi_objective_aggregation must be one of {MULTI_OBJECTIVE_AGGREGATIONS} (got {agg!r}).",
+        ),
+        (
+            not (agg == "normalize_then_sum" and cfg.scale_rewards == "mean"),
+            "scale_rewards='mean' only works with multi_objective_aggregation='sum_then_normalize'.",
+        ),
+        (
+            not (cfg.loss_type == "luspo" and level != "sequence"),
+            "loss_type='luspo' is a sequence-level loss: set importance_sampling_level='sequence'.",
+        ),
+        (
+            not (cfg.loss_type in TOKEN_LEVEL_ONLY and level == "sequence"),
+            f"loss_type={cfg.loss_type!r} already weights whole sequences; use importance_sampling_level='token'.",
+        ),
+        (
+            cfg.delta is None or cfg.delta > 1 + cfg.epsilon_high,
+            f"delta ({cfg.delta}) must be > 1 + epsilon_high ({1 + cfg.epsilon_high}), or None.",
+        ),
+        (
+            cfg.delta is None or cfg.loss_type not in ("cispo", "sapo", "vespo"),
+            f"delta is a PPO-clip option; loss_type={cfg.loss_type!r} has no clipped branch. Unset delta.",
+        ),
         (cfg.sapo_temperature_pos > 0 and cfg.sapo_temperature_neg > 0, "sapo_temperature_pos/neg must be > 0."),
-        (0.0 <= cfg.top_entropy_quantile <= 1.0, f"top_entropy_quantile must be in [0, 1] (got {cfg.top_entropy_quantile})."),
+        (
+            0.0 <= cfg.top_entropy_quantile <= 1.0,
+            f"top_entropy_quantile must be in [0, 1] (got {cfg.top_entropy_quantile}).",
+        ),
         (cfg.entropy_coef >= 0, f"entropy_coef must be >= 0 (got {cfg.entropy_coef})."),
         (cfg.entropy_coef_min <= cfg.entropy_coef_max, "entropy_coef_min must be <= entropy_coef_max."),
-        (cfg.off_policy_mask_threshold is None or cfg.off_policy_mask_threshold > 0, "off_policy_mask_threshold must be > 0 or None."),
+        (
+            cfg.off_policy_mask_threshold is None or cfg.off_policy_mask_threshold > 0,
+            "off_policy_mask_threshold must be > 0 or None.",
+        ),
         (cfg.pad_to_multiple_of is None or cfg.pad_to_multiple_of >= 1, "pad_to_multiple_of must be >= 1 or None."),
-        (cfg.max_tool_calling_iterations is None or cfg.max_tool_calling_iterations >= 0, "max_tool_calling_iterations must be >= 0 or None."),
-    ]  # fmt: skip
+        (
+            cfg.max_tool_calling_iterations is None or cfg.max_tool_calling_iterations >= 0,
+            "max_tool_calling_iterations must be >= 0 or None.",
+        ),
+    ]
     for ok, message in checks:
         if not ok:
             raise ValueError(message)

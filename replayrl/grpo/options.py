@@ -47,7 +47,9 @@ def router_aux_loss_enabled(model: nn.Module) -> bool:
     return bool(getattr(getattr(model, "config", None), "output_router_logits", False))
 
 
-def pad_width_to_multiple(ids: Tensor, mask: Tensor, multiple: int | None, side: str, pad_id: int) -> tuple[Tensor, Tensor]:
+def pad_width_to_multiple(
+    ids: Tensor, mask: Tensor, multiple: int | None, side: str, pad_id: int
+) -> tuple[Tensor, Tensor]:
     """Pad ``ids, mask (N, W)`` on ``side`` so that W is a multiple of ``multiple`` (None: unchanged)."""
     width = ids.shape[1]
     if not multiple or width % multiple == 0:

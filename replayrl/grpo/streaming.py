@@ -53,3 +53,22 @@ def is_streaming(dataset) -> bool:
     except ImportError:  # pragma: no cover - datasets is a core dependency
         return False
     return isinstance(dataset, datasets.IterableDataset)
+
+
+class StreamingDataMixin:
+    """GRPOTrainer's data loading for streaming datasets (a mixin of the trainer)."""
+
+    def _get_dataloader(self, dataset, description, batch_size, sampler_fn=None, is_training=False, **kwargs):
+        """Streaming datasets: group repetition by iteration (see streaming.py), batches built per process."""
+        if not is_streaming(dataset) or isinstance(dataset, RepeatIterable):
+            return super()._get_dataloader(dataset, description, batch_size, sampler_fn, is_training, **kwargs)
+        G = self.num_generations if is_training else self.num_generations_eval
+        repeat = self.generate_every if is_training else 1
+        chunk = batch_size * self.accelerator.num_processes // G  # unique prompts per global generation batch
+        dataset = RepeatIterable(dataset, mini_repeat_count=G, chunk_size=chunk, repeat_count=repeat)
+        config = self.accelerator.dataloader_config
+        dispatch, config.dispatch_batches = config.dispatch_batches, False  # rows are dicts of strings
+        try:
+            return super()._get_dataloader(dataset, description, batch_size, sampler_fn, is_training, **kwargs)
+        finally:
+            config.dispatch_batches = dispatch

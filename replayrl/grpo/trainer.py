@@ -23,7 +23,6 @@ from collections import defaultdict
 from typing import Any
 
 import torch
-from accelerate.utils import gather_object
 from torch import Tensor
 from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
@@ -31,12 +30,13 @@ from transformers.trainer_utils import get_last_checkpoint
 from replayrl import algos
 from replayrl.data.prompts import is_conversational, prompts_to_text, tokenize_prompts
 from replayrl.generation.hf import build_generation_config, generate_completions
-from replayrl.grpo import options, reporting
+from replayrl.grpo import options
 from replayrl.grpo.config import GRPOConfig
 from replayrl.grpo.objective import EntropyController, Inputs, entropy_pool, grpo_objective
+from replayrl.grpo.reporting import GRPOMetricsMixin
 from replayrl.grpo.rollout import Rollout
 from replayrl.grpo.sampler import RepeatSampler
-from replayrl.grpo.streaming import RepeatIterable, is_streaming
+from replayrl.grpo.streaming import StreamingDataMixin
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.loading import load_causal_lm
 from replayrl.models.reference import SyncRefModelCallback
@@ -50,7 +50,7 @@ def _identity_collator(features: list[dict]) -> list[dict]:
     return features
 
 
-class GRPOTrainer(Trainer):
+class GRPOTrainer(StreamingDataMixin, GRPOMetricsMixin, Trainer):
     """TRL-compatible GRPO trainer. Arguments as TRL's `GRPOTrainer` (see the seed docs)."""
 
     _tag_names = ["trl", "grpo", "replayrl"]
@@ -167,21 +167,6 @@ class GRPOTrainer(Trainer):
             sampler_fn=self._get_train_sampler,
             is_training=True,
         )
-
-    def _get_dataloader(self, dataset, description, batch_size, sampler_fn=None, is_training=False, **kwargs):
-        """Streaming datasets: group repetition by iteration (see streaming.py), batches built per process."""
-        if not is_streaming(dataset) or isinstance(dataset, RepeatIterable):
-            return super()._get_dataloader(dataset, description, batch_size, sampler_fn, is_training, **kwargs)
-        G = self.num_generations if is_training else self.num_generations_eval
-        repeat = self.generate_every if is_training else 1
-        chunk = batch_size * self.accelerator.num_processes // G  # unique prompts per global generation batch
-        dataset = RepeatIterable(dataset, mini_repeat_count=G, chunk_size=chunk, repeat_count=repeat)
-        config = self.accelerator.dataloader_config
-        dispatch, config.dispatch_batches = config.dispatch_batches, False  # rows are dicts of strings
-        try:
-            return super()._get_dataloader(dataset, description, batch_size, sampler_fn, is_training, **kwargs)
-        finally:
-            config.dispatch_batches = dispatch
 
     def _get_train_sampler(self, dataset=None):
         dataset = dataset if dataset is not None else self.train_dataset
@@ -390,22 +375,6 @@ class GRPOTrainer(Trainer):
         self._log_loss_metrics(mode, batch, logps, behaviour, entropy, objective)
         return loss
 
-    def _update_entropy_control(self, mode: str, entropy: Tensor, objective) -> None:
-        """Adaptive entropy bonus: accumulate the step's token entropies; update the coefficient at the end of
-        each optimizer step (from every process's sums)."""
-        control = self.entropy_control
-        if not control.enabled or mode != "train":
-            return
-        effective = objective.token_mask if objective.entropy_mask is None else objective.entropy_mask
-        control.observe(float((entropy.detach() * effective).sum()), float(effective.sum()))
-        if (self._step - 1) % self.args.gradient_accumulation_steps != self.args.gradient_accumulation_steps - 1:
-            return
-        if control.adaptive:
-            totals = torch.tensor(control.window, device=self.accelerator.device)
-            total, count = self.accelerator.reduce(totals, reduction="sum").tolist()
-            control.end_step(total, count)
-        self._metrics[mode]["entropy_coef"].append(control.coef)
-
     def _behaviour_correction(self, batch: Rollout, current: Tensor, old: Tensor) -> tuple[Tensor, Tensor | None]:
         """Hook: the log-probs the ratio is taken against, and optional per-token importance weights.
         Plain GRPO: the behaviour log-probs, no weights."""
@@ -417,52 +386,6 @@ class GRPOTrainer(Trainer):
             rollout = self._finalize_rollout(self._generate_and_score(inputs, mode="eval"))
             loss = self.compute_loss(model, rollout)
         return loss.detach(), None, None
-
-    # ----------------------------------------------------------------------------------------- metrics
-    def _reduce_means(self, mode: str, sums: dict[str, tuple[Tensor, Tensor]]) -> None:
-        """Global means of several (sum, count) pairs with one all-reduce; skipped keys have count 0."""
-        if not sums:
-            return
-        stacked = torch.stack([torch.stack([s.float(), c.float()]) for s, c in sums.values()])
-        stacked = self.accelerator.reduce(stacked.to(self.accelerator.device), reduction="sum")
-        for key, (total, count) in zip(sums, stacked.tolist()):
-            if count > 0:
-                self._metrics[mode][key].append(total / count)
-
-    def _log_loss_metrics(self, mode, batch: Rollout, logps, behaviour, entropy, objective) -> None:
-        mask = objective.token_mask
-        n = mask.sum()
-        low, high, kl = objective.terms.low_clipped, objective.terms.high_clipped, objective.kl
-
-        def masked(x: Tensor) -> tuple[Tensor, Tensor]:
-            return x.detach().float()[mask].sum(), n
-
-        sums = {"entropy": masked(entropy), "clip_ratio/low_mean": masked(low), "clip_ratio/high_mean": masked(high)}
-        sums["clip_ratio/region_mean"] = masked(low | high)
-        if kl is not None:
-            sums["kl"] = masked(kl)
-        if objective.entropy_mask is not None:
-            sums["entropy_mask/kept_ratio"] = masked(objective.entropy_mask)
-        if objective.off_policy_keep is not None:
-            sums["off_policy_mask/kept_ratio"] = masked(objective.off_policy_keep.expand_as(mask))
-        sums.update(self._extra_loss_metrics(batch, logps, behaviour, mask))
-        self._reduce_means(mode, sums)
-
-    def _extra_loss_metrics(self, batch: Rollout, logps: Tensor, behaviour: Tensor, mask: Tensor) -> dict:
-        """Hook: more (sum, count) metrics from the loss pass."""
-        return {}
-
-    def _log_generation_metrics(self, mode, all_per_func, all_rewards, completion_mask, prompt_mask, truncated):
-        metrics = self._metrics[mode]
-        lengths = self.accelerator.gather(completion_mask.sum(1)).float()
-        tokens = self.accelerator.gather(completion_mask.sum() + prompt_mask.sum()).sum()
-        all_truncated = self.accelerator.gather(truncated)
-        if mode == "train":
-            self._total_tokens += int(tokens)
-            metrics["num_tokens"] = [float(self._total_tokens)]
-        names, G = self.reward_funcs.names, self._group_size(mode)
-        for key, value in reporting.generation_metrics(lengths, all_truncated, all_per_func, all_rewards, names, G).items():
-            metrics[key].append(value)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         start, generation_before = time.perf_counter(), self._generation_seconds
@@ -491,14 +414,6 @@ class GRPOTrainer(Trainer):
         if self.args.log_completions and self._last_completions:
             self._print_completions()
         super().log(logs, start_time)
-
-    def _print_completions(self) -> None:
-        table = {k: gather_object(v) for k, v in self._last_completions.items()}
-        self._last_completions = {}
-        if not self.accelerator.is_main_process:
-            return
-        rows = reporting.completions_table(table, self.args.num_completions_to_print, self.args.log_unique_prompts)
-        print("\n" + reporting.format_table(rows))
 
     # ----------------------------------------------------------------------------------------- checkpoints
     def _save_checkpoint(self, model, trial):

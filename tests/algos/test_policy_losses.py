@@ -108,6 +108,7 @@ def test_importance_corrected_kl_and_off_policy_mask():
     assert torch.allclose(corrected, torch.tensor([[0.2, 0.2]]))
     # sequence 0: A < 0 and mean(behaviour - logp) = 1.0 > 0.5 -> dropped; 1: A >= 0 -> kept; 2: low KL -> kept
     behaviour = torch.tensor([[1.0, 1.0], [5.0, 5.0], [0.2, 0.2]])
-    out = algos.off_policy_sequence_mask(torch.tensor([-1.0, 1.0, -1.0]), torch.zeros(3, 2), behaviour,
-                                         torch.ones(3, 2), 0.5)
+    out = algos.off_policy_sequence_mask(
+        torch.tensor([-1.0, 1.0, -1.0]), torch.zeros(3, 2), behaviour, torch.ones(3, 2), 0.5
+    )
     assert out.squeeze(1).tolist() == [0.0, 1.0, 1.0]
