@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
 
@@ -174,3 +176,55 @@ def _assistant(tokenizer, ids: list[int]) -> dict[str, Any]:
 
 def _calls(tokenizer, row: ToolRollout) -> list[dict]:
     return row.messages[-1].get("tool_calls") or []
+
+
+class ToolCallingMixin:
+    """GRPOTrainer's tool-calling rollout (a mixin of the trainer: uses its model, tokenizer, args, _metrics)."""
+
+    def _call_tools(self, prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, mode: str):
+        """Run the tool loop on a generated batch. Returns ``(completion_ids, completion_mask, truncated,
+        tool_mask, messages)``; without tools the batch passes through with ``tool_mask = messages = None``."""
+        if not self._tools:
+            return completion_ids, completion_mask, truncated, None, None
+        prompts = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)]
+        firsts = [ids[m.bool()].tolist() for ids, m in zip(completion_ids, completion_mask)]
+        rows, stats = run_tool_loop(
+            self.processing_class,
+            self._tools,
+            prompts,
+            firsts,
+            truncated.tolist(),
+            self._generate_turn,
+            self.args.max_completion_length,
+            self.args.max_tool_calling_iterations,
+            self.args.chat_template_kwargs,
+        )
+        totals = self.accelerator.reduce(torch.tensor(list(stats.values()), device=completion_ids.device), "sum")
+        for key, value in zip(stats, totals.tolist()):
+            self._metrics[mode][key].append(value)
+        device, n = completion_ids.device, len(rows)
+        width = max(1, max(len(r.ids) for r in rows))
+        ids = torch.full((n, width), self.generation_config.pad_token_id, dtype=torch.long, device=device)
+        mask = torch.zeros((n, width), dtype=torch.long, device=device)
+        tool_mask = torch.ones((n, width), dtype=torch.long, device=device)
+        for i, row in enumerate(rows):
+            ids[i, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
+            mask[i, : len(row.ids)] = 1
+            tool_mask[i, : len(row.ids)] = torch.tensor(row.tool_mask, dtype=torch.long)
+        cut = torch.tensor([r.truncated for r in rows], device=device)
+        return ids, mask, cut, tool_mask, [r.messages for r in rows]
+
+    def _generate_turn(self, contexts: list[list[int]]) -> tuple[list[list[int]], list[bool]]:
+        """One more assistant turn for each full context (prompt + completion so far), left-padded."""
+        from replayrl.generation.hf import generate_completions
+
+        pad = self.generation_config.pad_token_id
+        width = max(len(c) for c in contexts)
+        ids = torch.full((len(contexts), width), pad, dtype=torch.long, device=self.accelerator.device)
+        mask = torch.zeros_like(ids)
+        for i, context in enumerate(contexts):
+            ids[i, width - len(context) :] = torch.tensor(context, dtype=torch.long)
+            mask[i, width - len(context) :] = 1
+        policy = self.accelerator.unwrap_model(self.model)
+        out, out_mask, cut = generate_completions(policy, ids, mask, self.generation_config)
+        return [row[m.bool()].tolist() for row, m in zip(out, out_mask)], cut.tolist()

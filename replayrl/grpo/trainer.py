@@ -37,6 +37,7 @@ from replayrl.grpo.reporting import GRPOMetricsMixin
 from replayrl.grpo.rollout import Rollout
 from replayrl.grpo.sampler import RepeatSampler
 from replayrl.grpo.streaming import StreamingDataMixin
+from replayrl.grpo.tools import ToolCallingMixin, tools_by_name
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.loading import load_causal_lm
 from replayrl.models.reference import SyncRefModelCallback
@@ -50,7 +51,7 @@ def _identity_collator(features: list[dict]) -> list[dict]:
     return features
 
 
-class GRPOTrainer(StreamingDataMixin, GRPOMetricsMixin, Trainer):
+class GRPOTrainer(ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, Trainer):
     """TRL-compatible GRPO trainer. Arguments as TRL's `GRPOTrainer` (see the seed docs)."""
 
     _tag_names = ["trl", "grpo", "replayrl"]
@@ -67,6 +68,7 @@ class GRPOTrainer(StreamingDataMixin, GRPOMetricsMixin, Trainer):
         callbacks: list[TrainerCallback] | None = None,
         optimizers: tuple = (None, None),
         peft_config=None,
+        tools: list | None = None,
     ):
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
@@ -88,6 +90,7 @@ class GRPOTrainer(StreamingDataMixin, GRPOMetricsMixin, Trainer):
         for name, ds in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
             _check_prompt_column(name, ds)
         self.reward_funcs = RewardFunctions(reward_funcs, reward_processing_classes, args.reward_weights)
+        self.tools, self._tools = list(tools or []), tools_by_name(tools)  # functions the model may call
         self.reward_func_names = self.reward_funcs.names  # TRL's attributes
         self.reward_processing_classes = self.reward_funcs.processing_classes
         self.reward_weights = self.reward_funcs.weights
@@ -212,7 +215,7 @@ class GRPOTrainer(StreamingDataMixin, GRPOMetricsMixin, Trainer):
         device = self.accelerator.device
         prompts = [x["prompt"] for x in inputs]
         columns = {k: [x[k] for x in inputs] for k in inputs[0] if k != "prompt"}
-        texts = prompts_to_text(self.processing_class, prompts, self.args.chat_template_kwargs)
+        texts = prompts_to_text(self.processing_class, prompts, self.args.chat_template_kwargs, self.tools)
         prompt_ids, prompt_mask = tokenize_prompts(self.processing_class, texts, self.args.max_prompt_length)
         prompt_ids, prompt_mask = self._pad_to_multiple(prompt_ids, prompt_mask, "left")
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
@@ -222,13 +225,18 @@ class GRPOTrainer(StreamingDataMixin, GRPOMetricsMixin, Trainer):
             policy, prompt_ids, prompt_mask, self.generation_config
         )
         self._metrics[mode]["timing/generation"].append(time.perf_counter() - start)
+        completion_ids, completion_mask, truncated, tool_mask, messages = self._call_tools(
+            prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, mode
+        )
+        if tool_mask is not None:
+            tool_mask = self._pad_to_multiple(tool_mask, tool_mask, "right", pad_id=1)[0]
         completion_ids, completion_mask = self._pad_to_multiple(completion_ids, completion_mask, "right")
 
         id_lists = [ids[m.bool()].tolist() for ids, m in zip(completion_ids, completion_mask)]
         texts_out = self.processing_class.batch_decode(id_lists, skip_special_tokens=True)
-        completions = (
-            [[{"role": "assistant", "content": t}] for t in texts_out] if is_conversational(prompts[0]) else texts_out
-        )
+        completions = texts_out
+        if is_conversational(prompts[0]):  # with tools: the assistant and tool messages of every turn
+            completions = messages or [[{"role": "assistant", "content": t}] for t in texts_out]
         per_func = self.reward_funcs(prompts, completions, id_lists, columns, self.state, device)
         all_per_func = self.accelerator.gather(per_func)
         rewards, advantages, all_rewards = self._advantages(all_per_func, len(inputs), mode)
@@ -250,11 +258,12 @@ class GRPOTrainer(StreamingDataMixin, GRPOMetricsMixin, Trainer):
             policy_version=torch.full((n,), self.state.global_step, dtype=torch.long, device=device),
             replayed=torch.zeros(n, dtype=torch.bool, device=device),
             truncated=truncated,
+            tool_mask=tool_mask,
         )
         return self._add_logps(rollout, mode)
 
-    def _pad_to_multiple(self, ids: Tensor, mask: Tensor, side: str) -> tuple[Tensor, Tensor]:
-        pad_id = self.generation_config.pad_token_id
+    def _pad_to_multiple(self, ids: Tensor, mask: Tensor, side: str, pad_id: int | None = None):
+        pad_id = self.generation_config.pad_token_id if pad_id is None else pad_id
         return options.pad_width_to_multiple(ids, mask, self.args.pad_to_multiple_of, side, pad_id)
 
     def _group_size(self, mode: str) -> int:
