@@ -111,6 +111,7 @@ class GRPOTrainer(ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, Traine
         self.model_accepts_loss_kwargs = False
         self.num_generations = args.num_generations
         self.num_generations_eval = args.num_generations_eval or args.num_generations
+        vars(self).update(options.trl_attributes(args))
         self.aux_loss_enabled = options.router_aux_loss_enabled(model)
         self.entropy_control = EntropyController.from_args(args)
         self._entropy_denominator: dict[str, float] = {}
@@ -433,6 +434,7 @@ class GRPOTrainer(ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, Traine
     def _extra_state(self) -> dict:
         """Trainer state that plain Trainer checkpoints lack. Subclasses extend it."""
         state = {"step": self._step, "total_tokens": self._total_tokens, "micro_batches": None, "ref_model": None}
+        state["entropy_control"] = self.entropy_control.state_dict()  # adaptive entropy coefficient
         if self._micro_batches is not None and self._step % self.generate_every != 0:  # mid-generation cycle
             state["micro_batches"] = [mb.to("cpu").state_dict() for mb in self._micro_batches]
         if self.args.sync_ref_model:
@@ -442,6 +444,8 @@ class GRPOTrainer(ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, Traine
     def _load_extra_state(self, state: dict) -> None:
         self._step = state["step"]
         self._total_tokens = state["total_tokens"]
+        if state.get("entropy_control") is not None:
+            self.entropy_control.load_state_dict(state["entropy_control"])
         if state["micro_batches"] is not None:
             device = self.accelerator.device
             self._micro_batches = [Rollout.from_state_dict(s).to(device) for s in state["micro_batches"]]

@@ -181,3 +181,22 @@ def test_config_refuses_with_a_reason(overrides, match):
                 per_device_train_batch_size=4)  # fmt: skip
     with pytest.raises(ValueError, match=match):
         GRPOConfig(**{**base, **overrides})
+
+
+def test_trl_attributes_and_trust_remote_code(model_dir, dataset, tmp_path):
+    args = tiny_args(GRPOConfig, tmp_path, trust_remote_code=True, loss_type="cispo", epsilon_high=5.0)
+    trainer = GRPOTrainer(model=model_dir, reward_funcs=varied_reward, args=args, train_dataset=dataset)
+    assert (trainer.loss_type, trainer.epsilon_low, trainer.epsilon_high) == ("cispo", 0.2, 5.0)
+    assert trainer.importance_sampling_level == "token" and trainer.beta == 0.04
+
+
+def test_completions_table_extras():
+    from replayrl.grpo.reporting import completions_table, format_table
+
+    table = {"prompt": ["a", "a", "b"], "completion": ["x", "y", "z"], "reward": [1.0, 0.0, 2.0],
+             "advantage": [0.7, -0.7, 0.0]}  # fmt: skip
+    rows = completions_table(table, None, unique_prompts=True)
+    assert [r["completion"] for r in rows] == ["x", "z"]
+    assert len(completions_table(table, 2, unique_prompts=False)) == 2
+    text = format_table(rows)
+    assert "advantage" in text.splitlines()[0] and "0.700" in text
