@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from transformers import TrainingArguments
-
 from replayrl.grpo.config_parity import TRLParityArguments, validate_parity
+from replayrl.training_args import TrainingArguments
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 SCALE_REWARDS = ("group", "batch", "none", "mean")
@@ -165,7 +164,12 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
         checks = [
             (self.num_iterations >= 1, f"num_iterations must be >= 1 (got {self.num_iterations})."),
             (self.beta >= 0, f"beta must be >= 0 (got {self.beta}); use 0 to disable the KL term."),
-            (self.epsilon > 0 and self.epsilon_high > 0, f"epsilon/epsilon_high must be > 0 (got {self.epsilon})."),
+            (self.epsilon > 0, f"epsilon must be > 0 (got {self.epsilon})."),
+            (self.epsilon_high > 0, f"epsilon_high must be > 0 (got {self.epsilon_high}); None means = epsilon."),
+            (
+                self.max_prompt_length is None or self.max_prompt_length >= 1,
+                f"max_prompt_length must be >= 1 or None for no limit (got {self.max_prompt_length}).",
+            ),
             (self.temperature > 0, f"temperature must be > 0 (got {self.temperature})."),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1] (got {self.top_p})."),
             (self.max_completion_length and self.max_completion_length > 0, "max_completion_length must be >= 1."),

@@ -1,20 +1,10 @@
-"""Model and input options of `GRPOTrainer` that current TRL offers: checks at construction, fp32 LM head,
-dropout off, MoE router loss detection, fixed-multiple padding. Plain functions, called from the trainer."""
+"""Model options of `GRPOTrainer` that current TRL offers (fp32 LM head, dropout off, MoE router loss detection),
+fixed-multiple padding and TRL's trainer attributes. Plain functions, called from the trainer."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-
-
-def check_trainer_inputs(train_dataset, args) -> None:
-    """Refusals TRL makes at construction, before any model work."""
-    if train_dataset is None:
-        raise ValueError(
-            "GRPOTrainer needs a train_dataset (with a 'prompt' column): GRPO generates from its prompts. "
-            "Pass train_dataset=... (a datasets.Dataset or IterableDataset)."
-        )
-
 
 TRL_ATTRIBUTES = (
     "beta",

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import time
 from collections import defaultdict
 from typing import Any
@@ -25,12 +24,13 @@ from typing import Any
 import torch
 from torch import Tensor
 from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
-from transformers.trainer_utils import get_last_checkpoint
 
 from replayrl import algos
+from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.prompts import is_conversational, prompts_to_text, tokenize_prompts
 from replayrl.generation.hf import build_generation_config, generate_completions
 from replayrl.grpo import options
+from replayrl.grpo.checks import check_datasets
 from replayrl.grpo.config import GRPOConfig
 from replayrl.grpo.objective import EntropyController, Inputs, entropy_pool, grpo_objective
 from replayrl.grpo.reporting import GRPOMetricsMixin
@@ -44,14 +44,13 @@ from replayrl.models.reference import SyncRefModelCallback
 from replayrl.rewards.functions import RewardFunctions
 
 logger = logging.getLogger(__name__)
-EXTRA_STATE_NAME = "replayrl_state_rank{rank}.pt"
 
 
 def _identity_collator(features: list[dict]) -> list[dict]:
     return features
 
 
-class GRPOTrainer(ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, Trainer):
+class GRPOTrainer(ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, SafeCheckpointsMixin, Trainer):
     """TRL-compatible GRPO trainer. Arguments as TRL's `GRPOTrainer` (see the seed docs)."""
 
     _tag_names = ["trl", "grpo", "replayrl"]
@@ -73,7 +72,6 @@ class GRPOTrainer(ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, Traine
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = self._default_config(f"{name.split('/')[-1]}-GRPO")
-        options.check_trainer_inputs(train_dataset, args)
         model_id = model if isinstance(model, str) else model.config._name_or_path
         remote = {"trust_remote_code": True} if args.trust_remote_code else {}
         init_kwargs = {**(args.model_init_kwargs or {}), **remote} if isinstance(model, str) else args.model_init_kwargs
@@ -87,9 +85,8 @@ class GRPOTrainer(ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, Traine
             from peft import get_peft_model
 
             model = get_peft_model(model, peft_config)
-        for name, ds in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
-            _check_prompt_column(name, ds)
         self.reward_funcs = RewardFunctions(reward_funcs, reward_processing_classes, args.reward_weights)
+        check_datasets(args, train_dataset, eval_dataset, self.reward_funcs)
         self.tools, self._tools = list(tools or []), tools_by_name(tools)  # functions the model may call
         self.reward_func_names = self.reward_funcs.names  # TRL's attributes
         self.reward_processing_classes = self.reward_funcs.processing_classes
@@ -426,11 +423,6 @@ class GRPOTrainer(ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, Traine
         super().log(logs, start_time)
 
     # ----------------------------------------------------------------------------------------- checkpoints
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        output_dir = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-        torch.save(self._extra_state(), os.path.join(output_dir, EXTRA_STATE_NAME.format(rank=self.args.process_index)))
-
     def _extra_state(self) -> dict:
         """Trainer state that plain Trainer checkpoints lack. Subclasses extend it."""
         state = {"step": self._step, "total_tokens": self._total_tokens, "micro_batches": None, "ref_model": None}
@@ -452,25 +444,8 @@ class GRPOTrainer(ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, Traine
         if state["ref_model"] is not None:
             self.accelerator.unwrap_model(self.ref_model).load_state_dict(state["ref_model"])
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
-        if resume_from_checkpoint is True:
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
-            if resume_from_checkpoint is None:
-                raise ValueError(f"No checkpoint found in output_dir {self.args.output_dir!r} to resume from.")
-        if resume_from_checkpoint:
-            path = os.path.join(resume_from_checkpoint, EXTRA_STATE_NAME.format(rank=self.args.process_index))
-            if not os.path.exists(path):
-                path = os.path.join(resume_from_checkpoint, EXTRA_STATE_NAME.format(rank=0))
-            if os.path.exists(path):
-                self._load_extra_state(torch.load(path, map_location="cpu", weights_only=False))
-            else:
-                logger.warning(f"{resume_from_checkpoint} has no replayrl state; resuming without it.")
-        return super().train(
-            resume_from_checkpoint=resume_from_checkpoint,
-            trial=trial,
-            ignore_keys_for_eval=ignore_keys_for_eval,
-            **kwargs,
-        )
+    def _checkpoint_settings(self) -> dict:
+        return {**super()._checkpoint_settings(), "num_generations": self.num_generations}
 
 
 def _known_or(values: Tensor | None, current: Tensor, real: Tensor) -> Tensor:
@@ -479,16 +454,3 @@ def _known_or(values: Tensor | None, current: Tensor, real: Tensor) -> Tensor:
     if values is None:
         return current
     return torch.where(real & ~values.isnan(), values, current)
-
-
-def _check_prompt_column(name: str, dataset) -> None:
-    if dataset is None:
-        return
-    datasets = dataset.values() if isinstance(dataset, dict) else [dataset]
-    for ds in datasets:
-        columns = getattr(ds, "column_names", None)
-        if columns is not None and "prompt" not in columns:
-            raise ValueError(
-                f"{name} has no 'prompt' column (columns: {columns}). GRPO reads prompts from 'prompt': rename "
-                "your column, e.g. dataset.rename_column('question', 'prompt')."
-            )

@@ -10,6 +10,8 @@ group is trained as the off-policy data it is: the PPO ratio is taken against th
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from accelerate.utils import gather_object
 from torch import Tensor
@@ -19,6 +21,8 @@ from replayrl.grpo.rollout import Rollout
 from replayrl.grpo.trainer import GRPOTrainer
 from replayrl.replay.buffer import ReplayBuffer, group_score
 from replayrl.replay.config import GRPOWithReplayBufferConfig
+
+logger = logging.getLogger(__name__)
 
 
 class GRPOWithReplayBufferTrainer(GRPOTrainer):
@@ -146,6 +150,21 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
         super()._load_extra_state(state)
         if self.replay_buffer is not None and state.get("replay_buffer") is not None:
             self.replay_buffer.load_state_dict(state["replay_buffer"])
+            # the run's settings rule: a changed size keeps the highest-scored groups (see _adapt_settings)
+            args = self.args
+            self.replay_buffer.reconfigure(args.replay_buffer_size, args.replay_max_age, args.replay_max_reuse)
+
+    adaptable_settings = frozenset({"replay_buffer_size"})
+
+    def _checkpoint_settings(self) -> dict:
+        return {**super()._checkpoint_settings(), "replay_buffer_size": self.args.replay_buffer_size}
+
+    def _adapt_settings(self, saved: dict) -> None:
+        if "replay_buffer_size" in saved:
+            logger.warning(
+                f"Resuming with replay_buffer_size={self.args.replay_buffer_size} (the checkpoint used "
+                f"{saved['replay_buffer_size']}): the buffer keeps its highest-scored groups up to the new size."
+            )
 
 
 def _flatten(per_rank: list[list]) -> list:
