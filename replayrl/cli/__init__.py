@@ -17,6 +17,8 @@ from replayrl.cli.common import PROG, CLIError, one_line
 # name -> (module, one-line description); a new trainer adds its line here.
 COMMANDS: dict[str, tuple[str, str]] = {
     "grpo": ("replayrl.cli.grpo", "train with GRPO and a replay buffer (built-in offline job without a model)"),
+    "sft": ("replayrl.cli.sft", "supervised fine-tuning (built-in offline job without a model)"),
+    "ddpo": ("replayrl.cli.ddpo", "fine-tune a diffusion model with DDPO (built-in offline job without a model)"),
     "plot": ("replayrl.cli.plot", "re-draw a run's plot from its metrics.jsonl"),
 }
 

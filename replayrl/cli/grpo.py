@@ -22,9 +22,8 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from datasets import Dataset
 from transformers import HfArgumentParser, TrainingArguments
 
 from replayrl.cli.common import (
@@ -45,11 +44,15 @@ from replayrl.cli.common import (
 from replayrl.cli.common import help_text as _help
 from replayrl.grpo.config_parity import TRLParityArguments
 from replayrl.metrics import METRICS_FILE, read_metrics, summary_lines
-from replayrl.metrics.plot import plot_run
 from replayrl.models.model_config import ModelConfig, get_peft_config, model_init_kwargs
-from replayrl.replay import GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
+from replayrl.replay.config import GRPOWithReplayBufferConfig
 from replayrl.rewards.builtin import RewardFunc, get_reward
 from replayrl.tasks import addition as default_task
+
+if TYPE_CHECKING:  # the trainer, datasets and plotting are imported where used: `--help` stays light
+    from datasets import Dataset
+
+    from replayrl.replay.trainer import GRPOWithReplayBufferTrainer
 
 
 @dataclass
@@ -285,6 +288,8 @@ def build_trainer(
     script: ScriptArguments, model_args: ModelConfig, config: GRPOWithReplayBufferConfig
 ) -> GRPOWithReplayBufferTrainer:
     """Datasets, rewards, model and trainer; any problem with them is a CLIError."""
+    from replayrl.replay.trainer import GRPOWithReplayBufferTrainer
+
     builtin_task = script.dataset_name is None
     rewards = resolve_rewards(script.reward_funcs, script.reward_model_name_or_path, builtin_task)
     train, evaluation = _datasets(script, config)
@@ -328,6 +333,8 @@ def run(argv: list[str]) -> int:
         trainer.train(resume_from_checkpoint=resume)
         trainer.save_model(config.output_dir)
     if trainer.is_world_process_zero():
+        from replayrl.metrics.plot import plot_run
+
         plot = plot_run(config.output_dir)
         _print_summary(config, trainer.state.global_step, time.perf_counter() - start, plot)
     return 0

@@ -27,15 +27,25 @@ PANELS: list[tuple[str, list[tuple[str, str]], str]] = [
     ("Completion length (tokens)", [("completion_length", "mean")], "not logged"),
     ("Entropy (nats per token)", [("entropy", "mean")], "not logged"),
 ]
+# Keys that only a GRPO run logs: they select PANELS.
+GRPO_KEYS = {"reward", "frac_reward_zero_std"}
 # Keys not worth a panel of their own when drawing a run of another trainer.
-_BOOKKEEPING = {"step", "epoch", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+_BOOKKEEPING = {
+    "step",
+    "epoch",
+    "total_flos",
+    "train_loss",
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+}
 
 
 def panels_for(records: list[dict]) -> list[tuple[str, list[tuple[str, str]], str]]:
     """GRPO's PANELS for a GRPO run; for any other trainer, one panel per logged metric (train and eval
     together), losses first, at most six."""
     keys = {k for r in records for k, v in r.items() if isinstance(v, (int, float)) and k not in _BOOKKEEPING}
-    if any(key in keys for _, lines, _ in PANELS for key, _ in lines):
+    if keys & GRPO_KEYS:  # not any PANELS key: other trainers log `entropy` too
         return PANELS
     names = sorted({k.removeprefix("eval_") for k in keys}, key=lambda k: ("loss" not in k, k))[:6]
     return [(name, [(name, "train"), (f"eval_{name}", "eval")], "not logged") for name in names]
