@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from replayrl.grpo.config_parity import TRLParityArguments, validate_parity
 from replayrl.training_args import TrainingArguments
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-SCALE_REWARDS = ("group", "batch", "none")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+SCALE_REWARDS = ("group", "batch", "none", "mean")
 
 
 def _help(text: str) -> dict:
@@ -22,7 +23,7 @@ def _help(text: str) -> dict:
 
 
 @dataclass
-class GRPOConfig(TrainingArguments):
+class GRPOConfig(TRLParityArguments, TrainingArguments):
     r"""Configuration for [`GRPOTrainer`]. Only the GRPO-specific parameters are listed; the rest are
     `transformers.TrainingArguments`. Every field is also a `replayrl grpo --<field>` flag.
     """
@@ -120,11 +121,12 @@ class GRPOConfig(TrainingArguments):
             "'none' (False) does not scale (Dr. GRPO)."
         ),
     )
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = field(
+    loss_type: str = field(
         default="dapo",
         metadata=_help(
             "Token aggregation: 'grpo' (sequence mean, then batch mean), 'bnpo' (token mean over the process's "
-            "batch), 'dr_grpo' (sum / (batch * max_completion_length)), 'dapo' (token mean over the global batch)."
+            "batch), 'dr_grpo' (sum / (batch * max_completion_length)), 'dapo' (token mean over the global batch); "
+            "other per-token losses: 'cispo', 'sapo', 'luspo', 'vespo' (docs/grpo.md)."
         ),
     )
     mask_truncated_completions: bool = field(
@@ -202,6 +204,7 @@ class GRPOConfig(TrainingArguments):
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        validate_parity(self)
         if self.use_vllm:
             _validate_vllm(self)
 

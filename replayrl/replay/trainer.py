@@ -120,7 +120,12 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
             return old, None
         replayed = batch.replayed.unsqueeze(1)
         proximal = torch.where(replayed, current, old)
-        weights = torch.where(replayed, algos.truncated_is_weights(current, old, cap), torch.ones_like(old))
+        if self.args.importance_sampling_level == "sequence":  # GSPO: one truncated weight per sequence
+            log_w = algos.importance_log_weights(current, old, batch.loss_weights > 0, "sequence")
+            truncated = torch.exp(log_w).clamp(max=cap).expand_as(old)
+        else:
+            truncated = algos.truncated_is_weights(current, old, cap)
+        weights = torch.where(replayed, truncated, torch.ones_like(old))
         return proximal, weights
 
     def _extra_loss_metrics(self, batch: Rollout, logps: Tensor, behaviour: Tensor, mask: Tensor) -> dict:

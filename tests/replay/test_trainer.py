@@ -257,3 +257,32 @@ def test_replayed_groups_of_other_widths_keep_the_loss_finite_with_kl(model, tok
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert all(torch.isfinite(torch.tensor([h["loss"], h["grad_norm"], h["kl"]])).all() for h in logs)
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+class SpyReplay(GRPOWithReplayBufferTrainer):
+    """Records the importance weights that reached the loss."""
+
+    def _behaviour_correction(self, batch, current, old):
+        proximal, weights = super()._behaviour_correction(batch, current, old)
+        self.weights = getattr(self, "weights", []) + [(batch, weights)]
+        return proximal, weights
+
+
+def test_replay_under_gspo_uses_one_importance_weight_per_replayed_sequence(model, tokenizer, dataset, tmp_path):
+    trainer = make(
+        model, tokenizer, dataset, tmp_path, cls=SpyReplay, max_steps=8, importance_sampling_level="sequence",
+        replay_importance_cap=2.0, loss_type="luspo",
+    )  # fmt: skip
+    trainer.train()
+    replayed_rows = 0
+    for batch, weights in trainer.weights:
+        mask = batch.loss_weights > 0
+        for row in range(batch.num_rows):
+            values = weights[row][mask[row]]
+            if batch.replayed[row] and len(values):
+                replayed_rows += 1
+                assert torch.allclose(values, values[0].expand_as(values))  # one weight for the whole sequence
+                assert values[0] <= 2.0
+            else:
+                assert torch.equal(values, torch.ones_like(values))
+    assert replayed_rows > 0
