@@ -19,6 +19,7 @@ from replayrl.grpo.rollout import Rollout
 from replayrl.grpo.trainer import GRPOTrainer
 from replayrl.replay.buffer import ReplayBuffer, group_score
 from replayrl.replay.config import GRPOWithReplayBufferConfig
+from replayrl.replay.diagnostics import replay_loss_metrics
 
 
 class GRPOWithReplayBufferTrainer(GRPOTrainer):
@@ -44,6 +45,8 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
             if size > 0
             else None
         )
+        self._replayed_uids: set[int] = set()  # for replay/distinct_frac (since the start of this process)
+        self._replays = 0
 
     # ------------------------------------------------------------------ replace zero-std groups
     def _postprocess_rollout(self, rollout: Rollout) -> Rollout:
@@ -87,6 +90,10 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
             m["replay/age_mean"].append(sum(ages) / len(ages))
             m["replay/age_max"].append(float(max(ages)))
             m["replay/reuse_mean"].append(sum(p.reuse for p in picks) / len(picks))
+            self._replayed_uids.update(p.uid for p in picks)
+            self._replays += len(picks)
+        if self._replays:  # 1.0: every replay was a different group; near 0: the same few groups over and over
+            m["replay/distinct_frac"].append(len(self._replayed_uids) / self._replays)
 
     # ------------------------------------------------------------------ store informative groups
     def _after_first_pass(self, micro_batches: list[Rollout]) -> None:
@@ -120,16 +127,12 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
         return proximal, weights
 
     def _extra_loss_metrics(self, batch: Rollout, logps: Tensor, behaviour: Tensor, mask: Tensor) -> dict:
-        """Importance ratio pi_theta / pi_behaviour on replayed tokens."""
+        """What replayed rows contribute to the loss (docs/metrics.md): importance ratio, clipped share, weight share."""
         if self.replay_buffer is None:
             return {}
-        replayed = mask & batch.replayed.unsqueeze(1)
-        log_ratio = (logps.detach().float() - behaviour.float())[replayed]
-        count = replayed.sum()
-        return {
-            "replay/importance_ratio_mean": (log_ratio.exp().sum(), count),
-            "replay/importance_ratio_abs_log_mean": (log_ratio.abs().sum(), count),
-        }
+        eps = (self.args.epsilon, self.args.epsilon_high)
+        decoupled = getattr(self.args, "replay_importance_cap", None) is not None
+        return replay_loss_metrics(batch, logps.detach(), behaviour, mask, eps, decoupled)
 
     # ------------------------------------------------------------------ checkpoints
     def _extra_state(self) -> dict:
