@@ -52,6 +52,8 @@ ARMS: dict[str, tuple[str, dict]] = {
     "replay_fresh": ("replay", {"replay_max_age": 4, "replay_max_reuse": 2}),
     "replay_tis": ("replay", {"replay_importance_cap": 2.0}),
     "mix": ("replay", {"replay_strategy": "mix"}),
+    "mix_tis": ("replay", {"replay_strategy": "mix", "replay_importance_cap": 2.0}),
+    "fresh_tis": ("replay", {"replay_max_age": 4, "replay_max_reuse": 2, "replay_importance_cap": 2.0}),
     "mix_group": ("replay", {"replay_strategy": "mix_then_group"}),
     "dynamic": ("grpo", {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3}),
     "dynamic_mix": ("replay", {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3, "replay_strategy": "mix"}),

@@ -29,6 +29,14 @@ class GRPOWithReplayBufferConfig(GRPOConfig):
     replay_max_reuse: int | None = field(
         default=None, metadata={"help": "Evict a group after it has been replayed this many times."}
     )
+    replay_strategy: Literal["group", "mix", "mix_then_group"] = field(
+        default="group",
+        metadata={
+            "help": "What fills a zero-std group: 'group' (the seed's: a buffered group of another prompt), 'mix' "
+            "(ExGRPO, arXiv:2510.02245: the prompt's latest stored success replaces one of its fresh rows, "
+            "advantages recomputed), 'mix_then_group' (mix, then swap the groups still zero-std)."
+        },
+    )
     replay_importance_cap: float | None = field(
         default=None,
         metadata={
@@ -43,6 +51,10 @@ class GRPOWithReplayBufferConfig(GRPOConfig):
             raise ValueError(f"replay_buffer_size must be >= 0 (got {self.replay_buffer_size}); 0 disables it.")
         if self.replay_score not in ("adv_std", "variance", "uniform"):
             raise ValueError(f"replay_score must be 'adv_std', 'variance' or 'uniform' (got {self.replay_score!r}).")
+        if self.replay_strategy not in ("group", "mix", "mix_then_group"):
+            raise ValueError(
+                f"replay_strategy must be 'group', 'mix' or 'mix_then_group' (got {self.replay_strategy!r})."
+            )
         for name in ("replay_max_age", "replay_max_reuse"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -20,6 +20,7 @@ from replayrl.grpo.trainer import GRPOTrainer
 from replayrl.replay.buffer import ReplayBuffer, group_score
 from replayrl.replay.config import GRPOWithReplayBufferConfig
 from replayrl.replay.diagnostics import replay_loss_metrics
+from replayrl.replay.mixing import STORE_PROMPTS, SuccessStore, mix_into_group, prompt_key, successes_of_group
 
 
 class GRPOWithReplayBufferTrainer(GRPOTrainer):
@@ -45,6 +46,10 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
             if size > 0
             else None
         )
+        self.success_store = None
+        if size > 0 and getattr(cfg, "replay_strategy", "group") != "group":
+            max_age, max_reuse = getattr(cfg, "replay_max_age", None), getattr(cfg, "replay_max_reuse", None)
+            self.success_store = SuccessStore(STORE_PROMPTS, max_age, max_reuse)
         self._replayed_uids: set[int] = set()  # for replay/distinct_frac (since the start of this process)
         self._replays = 0
 
@@ -52,6 +57,17 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
     def _postprocess_rollout(self, rollout: Rollout) -> Rollout:
         if self.replay_buffer is None:
             return rollout
+        strategy = getattr(self.args, "replay_strategy", "group")
+        if self.success_store is not None:
+            rollout = self._mix_successes(rollout)
+        if strategy == "mix":
+            zero = algos.zero_std_groups(rollout.rewards, self.num_generations, self.args.replay_zero_std_atol)
+            all_zero = self.accelerator.gather(zero)
+            self._metrics["train"]["replay/frac_zero_std_trained"].append(float(all_zero.float().mean()))
+            return rollout
+        return self._replace_zero_std_groups(rollout)
+
+    def _replace_zero_std_groups(self, rollout: Rollout) -> Rollout:
         G = self.num_generations
         zero = algos.zero_std_groups(rollout.rewards, G, self.args.replay_zero_std_atol)
         all_zero = self.accelerator.gather(zero)  # same decisions on every rank
@@ -70,6 +86,31 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
                 groups.append(rollout.rows(slice(g * G, (g + 1) * G)))
         self._log_replacement(all_zero, picks)
         return Rollout.concat(groups, pad_token_id=self.generation_config.pad_token_id) if replaced else rollout
+
+    def _mix_successes(self, rollout: Rollout) -> Rollout:
+        """ExGRPO-style: each zero-std group whose prompt has a stored success with a higher reward gets that
+        success in place of its last row (docs/replay.md). Local decisions: the store is the same everywhere."""
+        G, step = self.num_generations, self.state.global_step
+        zero = algos.zero_std_groups(rollout.rewards, G, self.args.replay_zero_std_atol).tolist()
+        groups, ages = [], []
+        for g, is_zero in enumerate(zero):
+            group = rollout.rows(slice(g * G, (g + 1) * G))
+            key = prompt_key(group.prompt_ids[0], group.prompt_mask[0]) if is_zero else None
+            stored = self.success_store.peek(key, step) if key is not None else None
+            if stored is not None and float(stored.row.rewards[0]) > float(group.rewards.nan_to_num(0).max()):
+                self.success_store.take(key, step)
+                pad = self.generation_config.pad_token_id
+                group = mix_into_group(group, stored.row, self.args.scale_rewards, pad)
+                ages.append(step - stored.version)
+            groups.append(group)
+        counts = torch.tensor([float(len(ages)), float(sum(ages))], device=rollout.rewards.device)
+        counts = self.accelerator.reduce(counts, reduction="sum").tolist()
+        self._metrics["train"]["replay/rows_mixed"].append(counts[0])
+        if counts[0]:
+            self._metrics["train"]["replay/mix_age_mean"].append(counts[1] / counts[0])
+        if not ages:
+            return rollout
+        return Rollout.concat(groups, pad_token_id=self.generation_config.pad_token_id)
 
     def _as_replayed(self, stored: Rollout, like: Rollout) -> Rollout:
         """A buffered group ready to sit in a fresh batch: on the batch's device, flagged as replayed."""
@@ -105,16 +146,23 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
         rollout = micro_batches[0] if len(micro_batches) == 1 else Rollout.concat(micro_batches)
         G = self.num_generations
         zero = algos.zero_std_groups(rollout.rewards, G, self.args.replay_zero_std_atol).tolist()
-        candidates = []
+        candidates, successes = [], []
         for g, is_zero in enumerate(zero):
             group = rollout.rows(slice(g * G, (g + 1) * G))
             if is_zero or bool(group.replayed.any()):
                 continue
+            best = successes_of_group(group) if self.success_store is not None else None
+            if best is not None:
+                row = group.rows(slice(best, best + 1)).with_(loss_weights=None).trim().to("cpu")
+                successes.append((prompt_key(row.prompt_ids[0], row.prompt_mask[0]), row))
             score = group_score(group.rewards.cpu(), group.advantages.cpu(), self.args.replay_score)
             stored = group.with_(loss_weights=None).trim().to("cpu")  # the buffer makes the one copy
             candidates.append((stored, score, int(group.policy_version[0])))
         for stored, score, version in _flatten(gather_object([candidates])):
             self.replay_buffer.add(stored, score, version)
+        if self.success_store is not None:
+            for key, row in _flatten(gather_object([successes])):
+                self.success_store.add(key, row, int(row.policy_version[0]))
 
     # ------------------------------------------------------------------ off-policy correction
     def _behaviour_correction(self, batch: Rollout, current: Tensor, old: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -138,12 +186,15 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
     def _extra_state(self) -> dict:
         state = super()._extra_state()
         state["replay_buffer"] = None if self.replay_buffer is None else self.replay_buffer.state_dict()
+        state["success_store"] = None if self.success_store is None else self.success_store.state_dict()
         return state
 
     def _load_extra_state(self, state: dict) -> None:
         super()._load_extra_state(state)
         if self.replay_buffer is not None and state.get("replay_buffer") is not None:
             self.replay_buffer.load_state_dict(state["replay_buffer"])
+        if self.success_store is not None and state.get("success_store") is not None:
+            self.success_store.load_state_dict(state["success_store"])
 
 
 def _flatten(per_rank: list[list]) -> list:
