@@ -179,14 +179,16 @@ def main(argv=None) -> None:
     steps = args.steps or (15 if args.quick else 200)
     work = Path(tempfile.mkdtemp(prefix="replayrl-sparse-"))
     runs = []
+    name = "replay_sparse" + (f"_{args.tag}" if args.tag else "")
     for seed in seeds:
         for arm in arms:
             run = run_arm(arm, seed, steps, str(work / f"{arm}-{seed}"))
             runs.append(run)
             hit, ok = completions_to(run, 0.5)
             print(f"  seed {seed} {arm:12s}: to 0.5 {hit:.0f}{'' if ok else '+'} ({run['seconds']:.0f} s)", flush=True)
+            partial = {"steps": steps, "seeds": seeds, "settings": SETTINGS, "partial": True, "runs": runs}
+            write_results(name, partial, args.quick)  # after every run, so an interrupted sweep keeps its runs
     text = report(runs, args.targets)
-    name = "replay_sparse" + (f"_{args.tag}" if args.tag else "")
     write_results(name, {"steps": steps, "seeds": seeds, "settings": SETTINGS, "table": text, "runs": runs}, args.quick)
     remove_scratch(work)
 
