@@ -187,7 +187,8 @@ class GRPOConfig(TrainingArguments):
             ),
             (
                 self.dynamic_sampling_on_exhausted in ("fill", "raise"),
-                f"dynamic_sampling_on_exhausted must be 'fill' or 'raise' (got {self.dynamic_sampling_on_exhausted!r}).",
+                "dynamic_sampling_on_exhausted must be 'fill' or 'raise' "
+                f"(got {self.dynamic_sampling_on_exhausted!r}).",
             ),
         ]
         for ok, message in checks:

@@ -5,7 +5,7 @@ verl calls it `algorithm.filter_groups` (`enable`, `max_num_gen_batches`); TRL h
 `GRPOConfig.dynamic_sampling`, `dynamic_sampling_max_rounds`, `dynamic_sampling_on_exhausted`. The first round is the
 dataloader's batch; each extra round generates a batch of the same size for prompts drawn from the training set by
 a generator seeded from (seed, optimizer step, round, process), so a resumed run draws the same prompts without any
-saved state. Pure selection logic here; the trainer supplies `generate(inputs)`.
+saved state. Pure selection logic (`dynamic_sample`) plus the trainer-facing `fill_with_informative_groups`.
 """
 
 from __future__ import annotations
@@ -106,3 +106,33 @@ def metric_values(totals: list[float], num_processes: int) -> dict[str, float]:
         "dynamic_sampling/groups_filled": filled,
         "dynamic_sampling/completions": generated,
     }
+
+
+def fill_with_informative_groups(trainer, rollout: Rollout, inputs: list[dict]) -> Rollout:
+    """The trainer's side of dynamic sampling: extra rounds through `trainer._generate_and_score`, one collective
+    per round to agree on whether to go on, and the `dynamic_sampling/*` metrics. `rollout` is the first round."""
+    args, accelerator = trainer.args, trainer.accelerator
+    G, step, rank = trainer.num_generations, trainer.state.global_step, accelerator.process_index
+    device = rollout.rewards.device
+
+    def generate_round(r: int) -> Rollout:
+        more = refill_prompts(trainer.train_dataset, len(inputs) // G, G, args.seed, step, r, rank)
+        return trainer._generate_and_score(more, mode="train")
+
+    def any_short(missing: int) -> bool:
+        return bool(accelerator.reduce(torch.tensor(max(missing, 0), device=device), reduction="sum") > 0)
+
+    result = dynamic_sample(
+        rollout,
+        generate_round,
+        any_short,
+        G,
+        max_rounds=args.dynamic_sampling_max_rounds,
+        on_exhausted=args.dynamic_sampling_on_exhausted,
+        atol=getattr(args, "replay_zero_std_atol", 1e-6),
+        pad_token_id=trainer.generation_config.pad_token_id,
+    )
+    totals = accelerator.reduce(metrics_tensor(result, device), reduction="sum")
+    for name, value in metric_values(totals.tolist(), accelerator.num_processes).items():
+        trainer._metrics["train"][name].append(value)
+    return result.rollout

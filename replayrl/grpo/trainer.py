@@ -183,33 +183,11 @@ class GRPOTrainer(Trainer):
     def _generate_training_batch(self, inputs: list[dict]) -> Rollout:
         """Generate and score a training batch; with `dynamic_sampling`, keep only groups with reward variance."""
         rollout = self._generate_and_score(inputs, mode="train")
-        if not self.args.dynamic_sampling:
-            return rollout
-        from replayrl.grpo import dynamic_sampling as ds
+        if self.args.dynamic_sampling:
+            from replayrl.grpo.dynamic_sampling import fill_with_informative_groups
 
-        G, step, rank = self.num_generations, self.state.global_step, self.accelerator.process_index
-
-        def generate_round(r: int) -> Rollout:
-            more = ds.refill_prompts(self.train_dataset, len(inputs) // G, G, self.args.seed, step, r, rank)
-            return self._generate_and_score(more, mode="train")
-
-        def any_short(missing: int) -> bool:
-            return bool(self.accelerator.reduce(torch.tensor(max(missing, 0), device=rollout.rewards.device)) > 0)
-
-        result = ds.dynamic_sample(
-            rollout,
-            generate_round,
-            any_short,
-            G,
-            max_rounds=self.args.dynamic_sampling_max_rounds,
-            on_exhausted=self.args.dynamic_sampling_on_exhausted,
-            atol=getattr(self.args, "replay_zero_std_atol", 1e-6),
-            pad_token_id=self.generation_config.pad_token_id,
-        )
-        totals = self.accelerator.reduce(ds.metrics_tensor(result, rollout.rewards.device), reduction="sum")
-        for name, value in ds.metric_values(totals.tolist(), self.accelerator.num_processes).items():
-            self._metrics["train"][name].append(value)
-        return result.rollout
+            rollout = fill_with_informative_groups(self, rollout, inputs)
+        return rollout
 
     def _postprocess_rollout(self, rollout: Rollout) -> Rollout:
         """Hook between scoring and the loss (training only). The replay trainer swaps groups here."""

@@ -175,7 +175,7 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
         return proximal, weights
 
     def _extra_loss_metrics(self, batch: Rollout, logps: Tensor, behaviour: Tensor, mask: Tensor) -> dict:
-        """What replayed rows contribute to the loss (docs/metrics.md): importance ratio, clipped share, weight share."""
+        """What replayed rows contribute to the loss (docs/metrics.md): ratio, clipped share, weight shares."""
         if self.replay_buffer is None:
             return {}
         eps = (self.args.epsilon, self.args.epsilon_high)

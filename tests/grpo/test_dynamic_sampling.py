@@ -92,7 +92,8 @@ class RecordingReplay(Recording, GRPOWithReplayBufferTrainer):
 
 
 def run(cls, config_cls, model, tokenizer, tmp_path, **overrides):
-    settings = dict(per_device_train_batch_size=8, max_steps=3, beta=0.0, dynamic_sampling=True, max_completion_length=4)
+    settings = dict(per_device_train_batch_size=8, max_steps=3, beta=0.0, dynamic_sampling=True)
+    settings.update(max_completion_length=4)
     args = tiny_args(config_cls, tmp_path, **{**settings, **overrides})
     trainer = cls(model=model, reward_funcs=half_flat_reward, args=args, train_dataset=DATA, processing_class=tokenizer)
     trainer.seen = []

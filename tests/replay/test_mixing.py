@@ -118,7 +118,9 @@ def test_mix_puts_a_stored_success_into_its_own_prompts_failed_group(model, toke
         replay_strategy=strategy,
         replay_importance_cap=2.0,
     )
-    trainer = Recording(model=model, reward_funcs=FlakyReward(), args=args, train_dataset=data, processing_class=tokenizer)
+    trainer = Recording(
+        model=model, reward_funcs=FlakyReward(), args=args, train_dataset=data, processing_class=tokenizer
+    )
     trainer.train()
     G, mixed_groups = trainer.num_generations, 0
     stored_completions = set()
@@ -144,3 +146,48 @@ def test_mix_puts_a_stored_success_into_its_own_prompts_failed_group(model, toke
     assert all(math.isfinite(h["loss"]) for h in logs)
     if strategy == "mix":
         assert all(h["replay/frac_zero_std_trained"] == 0.0 for h in logs[1:])
+
+
+def test_resume_with_mix_and_dynamic_sampling_matches_the_uninterrupted_run(tokenizer, tmp_path):
+    from replayrl.models.tiny import build_tiny_model
+    from tests.replay.test_trainer import StopAt
+
+    def reward(completions, prompts, **kwargs):  # sparse-ish, stateless: some groups flat, some not
+        return [float(sum(map(ord, c)) % 3 == 0) for c in completions]
+
+    def run(out, stop_at=None, resume=None):
+        model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
+        args = tiny_args(
+            GRPOWithReplayBufferConfig,
+            tmp_path,
+            output_dir=str(out),
+            per_device_train_batch_size=8,
+            max_steps=4,
+            save_strategy="steps",
+            save_steps=2,
+            beta=0.0,
+            replay_strategy="mix_then_group",
+            dynamic_sampling=True,
+            dynamic_sampling_max_rounds=2,
+        )
+        data = Dataset.from_dict({"prompt": ["ab", "cd", "ef", "gh"]})
+        trainer = GRPOWithReplayBufferTrainer(
+            model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer
+        )
+        if stop_at:
+            trainer.add_callback(StopAt(stop_at))
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    full = run(tmp_path / "full")
+    run(tmp_path / "part", stop_at=2)
+    resumed = run(tmp_path / "part", resume=str(tmp_path / "part" / "checkpoint-2"))
+    a = [h for h in full.state.log_history if "loss" in h and h["step"] > 2]
+    b = [h for h in resumed.state.log_history if "loss" in h and h["step"] > 2]
+    assert [h["step"] for h in a] == [h["step"] for h in b] == [3, 4]
+    for x, y in zip(a, b):
+        for k in x:
+            if "timing" not in k:
+                assert y[k] == pytest.approx(x[k], rel=1e-4, abs=1e-6), (x["step"], k)
+    assert list(full.success_store.entries) == list(resumed.success_store.entries)
+    assert sum(h["dynamic_sampling/rounds"] for h in a) > 2  # extra rounds did run after the resume
