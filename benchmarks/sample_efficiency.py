@@ -35,6 +35,7 @@ ARM_SETTINGS: dict[str, dict | None] = {
     "replay": {},
     "replay_tis": {"replay_importance_cap": 2.0},
     "replay_mix_tis": {"replay_strategy": "mix", "replay_importance_cap": 2.0},
+    "replay_fresh_tis": {"replay_importance_cap": 2.0, "replay_max_age": 4, "replay_max_reuse": 2},
 }
 ARMS = tuple(ARM_SETTINGS)
 
@@ -183,8 +184,10 @@ def plot(runs: list[dict], path: Path, window: int) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     colours = {"grpo": "tab:blue", "replay": "tab:orange", "replay_tis": "tab:green", "replay_mix_tis": "tab:red"}
+    colours["replay_fresh_tis"] = "tab:purple"
     labels = {"grpo": "GRPO", "replay": "GRPO + replay buffer", "replay_tis": "replay, importance cap 2"}
     labels["replay_mix_tis"] = "replay mix, importance cap 2"
+    labels["replay_fresh_tis"] = "replay, cap 2, max age 4, max reuse 2"
     for arm in ARMS:
         arm_runs = [r for r in runs if r["arm"] == arm]
         if not arm_runs:

@@ -50,7 +50,7 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
         if size > 0 and getattr(cfg, "replay_strategy", "group") != "group":
             max_age, max_reuse = getattr(cfg, "replay_max_age", None), getattr(cfg, "replay_max_reuse", None)
             self.success_store = SuccessStore(STORE_PROMPTS, max_age, max_reuse)
-        self._replayed_uids: set[int] = set()  # for replay/distinct_frac (since the start of this process)
+        self._replayed_uids: set[int] = set()  # for replay/distinct_frac (since the start of training)
         self._replays = 0
 
     # ------------------------------------------------------------------ replace zero-std groups
@@ -187,6 +187,7 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
         state = super()._extra_state()
         state["replay_buffer"] = None if self.replay_buffer is None else self.replay_buffer.state_dict()
         state["success_store"] = None if self.success_store is None else self.success_store.state_dict()
+        state["replay_counts"] = {"uids": sorted(self._replayed_uids), "replays": self._replays}
         return state
 
     def _load_extra_state(self, state: dict) -> None:
@@ -195,6 +196,8 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
             self.replay_buffer.load_state_dict(state["replay_buffer"])
         if self.success_store is not None and state.get("success_store") is not None:
             self.success_store.load_state_dict(state["success_store"])
+        counts = state.get("replay_counts") or {"uids": [], "replays": 0}
+        self._replayed_uids, self._replays = set(counts["uids"]), counts["replays"]
 
 
 def _flatten(per_rank: list[list]) -> list:
