@@ -24,10 +24,11 @@ class GRPOWithReplayBufferConfig(GRPOConfig):
         default=1e-6, metadata={"help": "A group is zero-std when max(r) - min(r) <= this tolerance."}
     )
     replay_max_age: int | None = field(
-        default=None, metadata={"help": "Evict groups generated more than this many optimizer steps ago."}
+        default=4,
+        metadata={"help": "Evict groups generated more than this many optimizer steps ago (None: no bound)."},
     )
     replay_max_reuse: int | None = field(
-        default=None, metadata={"help": "Evict a group after it has been replayed this many times."}
+        default=2, metadata={"help": "Evict a group after it has been replayed this many times (None: no bound)."}
     )
     replay_strategy: Literal["group", "mix", "mix_then_group"] = field(
         default="group",
@@ -38,10 +39,10 @@ class GRPOWithReplayBufferConfig(GRPOConfig):
         },
     )
     replay_importance_cap: float | None = field(
-        default=None,
+        default=2.0,
         metadata={
             "help": "If set, replayed rows use the decoupled objective: ratio against the current policy, times "
-            "a truncated importance weight min(pi/mu, cap) (arXiv:2110.00641). Default: ratio against mu."
+            "a truncated importance weight min(pi/mu, cap) (arXiv:2110.00641). None: PPO ratio against mu, clipped."
         },
     )
 
