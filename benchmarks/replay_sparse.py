@@ -45,18 +45,23 @@ SETTINGS = dict(
     disable_tqdm=True,
     use_cpu=True,
 )
-# arm -> (trainer, config overrides). "replay" is GRPOWithReplayBufferConfig's defaults; the others change one thing.
+# arm -> (trainer, config overrides). Replay arms spell out every knob whose default changed, so that a result file
+# names what ran: SEED is the seed's semantics (no age or reuse bound, PPO ratio against the behaviour policy), which
+# was replayrl's default before this benchmark; "default" is GRPOWithReplayBufferConfig's defaults as they are now.
+SEED = {"replay_max_age": None, "replay_max_reuse": None, "replay_importance_cap": None}
 ARMS: dict[str, tuple[str, dict]] = {
     "grpo": ("grpo", {}),
-    "replay": ("replay", {}),
-    "replay_fresh": ("replay", {"replay_max_age": 4, "replay_max_reuse": 2}),
-    "replay_tis": ("replay", {"replay_importance_cap": 2.0}),
-    "mix": ("replay", {"replay_strategy": "mix"}),
-    "mix_tis": ("replay", {"replay_strategy": "mix", "replay_importance_cap": 2.0}),
+    "replay": ("replay", SEED),
+    "replay_fresh": ("replay", {**SEED, "replay_max_age": 4, "replay_max_reuse": 2}),
+    "replay_tis": ("replay", {**SEED, "replay_importance_cap": 2.0}),
+    "mix": ("replay", {**SEED, "replay_strategy": "mix"}),
+    "mix_tis": ("replay", {**SEED, "replay_strategy": "mix", "replay_importance_cap": 2.0}),
     "fresh_tis": ("replay", {"replay_max_age": 4, "replay_max_reuse": 2, "replay_importance_cap": 2.0}),
-    "mix_group": ("replay", {"replay_strategy": "mix_then_group"}),
+    "tis_age10": ("replay", {**SEED, "replay_max_age": 10, "replay_importance_cap": 2.0}),
+    "mix_group": ("replay", {**SEED, "replay_strategy": "mix_then_group"}),
+    "default": ("replay", {}),
     "dynamic": ("grpo", {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3}),
-    "dynamic_mix": ("replay", {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3, "replay_strategy": "mix"}),
+    "dynamic_replay": ("replay", {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3}),
 }
 DIAGNOSTICS = (
     "frac_reward_zero_std",

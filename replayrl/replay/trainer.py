@@ -5,7 +5,9 @@ whose rewards are all equal (within `replay_zero_std_atol`) carries no advantage
 buffered group drawn in proportion to its score. Decisions are taken on the global batch, identically on
 every process (one logical buffer); each process swaps its own slots. Groups with variance enter the
 buffer after their first loss pass, carrying their behaviour log-probs and policy version, so a replayed
-group is trained as the off-policy data it is: the PPO ratio is taken against the behaviour log-probs.
+group is trained as the off-policy data it is: by default with truncated importance weights against the
+behaviour log-probs (`replay_importance_cap`), else the PPO ratio against them. `replay_strategy="mix"` instead puts
+a prompt's stored success into its own all-failed group (ExGRPO; `replay/mixing.py`).
 """
 
 from __future__ import annotations
