@@ -59,6 +59,10 @@ ARMS: dict[str, tuple[str, dict]] = {
     "fresh_tis": ("replay", {"replay_max_age": 4, "replay_max_reuse": 2, "replay_importance_cap": 2.0}),
     "tis_age10": ("replay", {**SEED, "replay_max_age": 10, "replay_importance_cap": 2.0}),
     "mix_group": ("replay", {**SEED, "replay_strategy": "mix_then_group"}),
+    "mix_group_tis10": (
+        "replay",
+        {**SEED, "replay_strategy": "mix_then_group", "replay_max_age": 10, "replay_importance_cap": 2.0},
+    ),
     "default": ("replay", {}),
     "dynamic": ("grpo", {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3}),
     "dynamic_replay": ("replay", {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3}),
@@ -160,6 +164,21 @@ def report(runs: list[dict], targets: list[float]) -> str:
     return text
 
 
+def markdown(runs: list[dict], targets: list[float]) -> str:
+    """The summary as a markdown table (for docs/replay.md)."""
+    rows = summarize(runs, targets)
+    cols = ["arm", "seeds"] + [c for t in targets for c in (f"to_{t}", f"to_{t}_per_seed")] + ["reward_last_20"]
+    cols += [k for k in ("replay/adv_weight_share", "replay/clipped_token_frac", "replay/age_mean") if k in rows[0]]
+    number = lambda v: f"{v:,.0f}" if v >= 100 else (str(v) if isinstance(v, int) else f"{v:.2f}")  # noqa: E731
+    fmt = {float: number, int: number}
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(fmt.get(type(r.get(c)), str)(r.get(c, "")) for c in cols) + " |")
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke run: 1 seed, grpo + replay, 15 steps")
@@ -169,10 +188,11 @@ def main(argv=None) -> None:
     p.add_argument("--targets", type=float, nargs="+", default=[0.3, 0.5])
     p.add_argument("--tag", default=None, help="write replay_sparse_<tag>.json (to run slices in parallel)")
     p.add_argument("--report", nargs="+", default=None, help="print one table from these result files and exit")
+    p.add_argument("--markdown", action="store_true", help="with --report: a markdown table")
     args = p.parse_args(argv)
     if args.report:
         runs = [r for f in args.report for r in json.loads((RESULTS_DIR / Path(f).name).read_text())["runs"]]
-        report(runs, args.targets)
+        markdown(runs, args.targets) if args.markdown else report(runs, args.targets)
         return
     import torch
     import transformers

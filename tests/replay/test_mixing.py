@@ -153,7 +153,7 @@ def test_resume_with_mix_and_dynamic_sampling_matches_the_uninterrupted_run(toke
     from tests.replay.test_trainer import StopAt
 
     def reward(completions, prompts, **kwargs):  # sparse-ish, stateless: some groups flat, some not
-        return [float(sum(map(ord, c)) % 3 == 0) for c in completions]
+        return [float(sum(map(ord, c)) % 4 == 0) for c in completions]
 
     def run(out, stop_at=None, resume=None):
         model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
@@ -190,4 +190,4 @@ def test_resume_with_mix_and_dynamic_sampling_matches_the_uninterrupted_run(toke
             if "timing" not in k:
                 assert y[k] == pytest.approx(x[k], rel=1e-4, abs=1e-6), (x["step"], k)
     assert list(full.success_store.entries) == list(resumed.success_store.entries)
-    assert sum(h["dynamic_sampling/rounds"] for h in a) > 2  # extra rounds did run after the resume
+    assert any(h["dynamic_sampling/rounds"] > 1 for h in full.state.log_history if "loss" in h)  # extra rounds ran
