@@ -24,11 +24,11 @@ class GRPOWithReplayBufferConfig(GRPOConfig):
         default=1e-6, metadata={"help": "A group is zero-std when max(r) - min(r) <= this tolerance."}
     )
     replay_max_age: int | None = field(
-        default=4,
+        default=10,
         metadata={"help": "Evict groups generated more than this many optimizer steps ago (None: no bound)."},
     )
     replay_max_reuse: int | None = field(
-        default=2, metadata={"help": "Evict a group after it has been replayed this many times (None: no bound)."}
+        default=None, metadata={"help": "Evict a group after it has been replayed this many times (None: no bound)."}
     )
     replay_strategy: Literal["group", "mix", "mix_then_group"] = field(
         default="group",
