@@ -40,6 +40,7 @@ ARM_SETTINGS: dict[str, dict | None] = {
     "replay_tis": {**_SEED, "replay_importance_cap": 2.0},
     "replay_mix_tis": {**_SEED, "replay_strategy": "mix", "replay_importance_cap": 2.0},
     "replay_fresh_tis": {"replay_importance_cap": 2.0, "replay_max_age": 4, "replay_max_reuse": 2},
+    "replay_mix_group_tis": {**_SEED, "replay_strategy": "mix_then_group", "replay_importance_cap": 2.0},
 }
 ARMS = tuple(ARM_SETTINGS)
 
@@ -188,11 +189,12 @@ def plot(runs: list[dict], path: Path, window: int) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     colours = {"grpo": "tab:blue", "replay": "tab:orange", "replay_tis": "tab:green", "replay_mix_tis": "tab:red"}
-    colours.update(replay_fresh_tis="tab:purple", default="tab:brown")
+    colours.update(replay_fresh_tis="tab:purple", default="tab:brown", replay_mix_group_tis="tab:pink")
     labels = {"grpo": "GRPO", "replay": "GRPO + replay buffer", "replay_tis": "replay, importance cap 2"}
     labels["replay_mix_tis"] = "replay mix, importance cap 2"
     labels["replay_fresh_tis"] = "replay, cap 2, max age 4, max reuse 2"
     labels["default"] = "replay, current defaults"
+    labels["replay_mix_group_tis"] = "replay mix_then_group, cap 2"
     for arm in ARMS:
         arm_runs = [r for r in runs if r["arm"] == arm]
         if not arm_runs:
