@@ -179,6 +179,33 @@ def markdown(runs: list[dict], targets: list[float]) -> str:
     return text
 
 
+def plot(runs: list[dict], path: Path) -> None:
+    """Median (over seeds) smoothed training reward against completions generated, one line per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for arm in ARMS:
+        arm_runs = [r for r in runs if r["arm"] == arm]
+        if not arm_runs:
+            continue
+        n = min(len(r["reward"]) for r in arm_runs)
+        curves = [smooth(r["reward"], WINDOW)[:n] for r in arm_runs]
+        x = [median(r["completions"][i] for r in arm_runs) for i in range(n)]
+        ax.plot(x, [median(c[i] for c in curves) for i in range(n)], label=f"{arm} ({len(arm_runs)} seeds)")
+    ax.set_xlabel("completions generated")
+    ax.set_ylabel(f"reward, {WINDOW}-step moving average (median)")
+    ax.set_xlim(0, min(max(r["completions"][-1] for r in runs), 200 * SETTINGS["per_device_train_batch_size"]))
+    ax.set_title("sparse task `echo` from a random-init tiny Qwen2", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}", flush=True)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke run: 1 seed, grpo + replay, 15 steps")
@@ -189,10 +216,13 @@ def main(argv=None) -> None:
     p.add_argument("--tag", default=None, help="write replay_sparse_<tag>.json (to run slices in parallel)")
     p.add_argument("--report", nargs="+", default=None, help="print one table from these result files and exit")
     p.add_argument("--markdown", action="store_true", help="with --report: a markdown table")
+    p.add_argument("--plot", default=None, help="with --report: also write this PNG (under benchmarks/results/)")
     args = p.parse_args(argv)
     if args.report:
         runs = [r for f in args.report for r in json.loads((RESULTS_DIR / Path(f).name).read_text())["runs"]]
         markdown(runs, args.targets) if args.markdown else report(runs, args.targets)
+        if args.plot:
+            plot(runs, RESULTS_DIR / Path(args.plot).name)
         return
     import torch
     import transformers
