@@ -9,11 +9,25 @@ from replayrl._lazy import lazy_exports
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "DDPOConfig": "replayrl.ddpo.config",
+    "DDPOStableDiffusionPipeline": "replayrl.ddpo.pipeline",
+    "DDPOTrainer": "replayrl.ddpo.trainer",
+    "DefaultDDPOStableDiffusionPipeline": "replayrl.ddpo.pipeline",
+    "DPOConfig": "replayrl.dpo.config",
+    "DPOTrainer": "replayrl.dpo.trainer",
+    "RewardConfig": "replayrl.reward.config",
+    "RewardTrainer": "replayrl.reward.trainer",
     "GRPOConfig": "replayrl.grpo.config",
     "GRPOTrainer": "replayrl.grpo.trainer",
     "GRPOWithReplayBufferConfig": "replayrl.replay.config",
     "GRPOWithReplayBufferTrainer": "replayrl.replay.trainer",
     "ReplayBuffer": "replayrl.replay.buffer",
+    "SFTConfig": "replayrl.sft.config",
+    "SFTTrainer": "replayrl.sft.trainer",
+    "AutoModelForCausalLMWithValueHead": "replayrl.models.value_head",
+    "create_reference_model": "replayrl.models.value_head",
+    "PPOConfig": "replayrl.ppo.config",
+    "PPOTrainer": "replayrl.ppo.trainer",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -11,7 +11,7 @@ import torch  # noqa: E402
 
 from replayrl.models.tiny import build_tiny_model, build_tokenizer, prompt_dataset, save_tiny  # noqa: E402
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # the machine is shared; tiny models gain little from more
 
 
 @pytest.fixture(scope="session")

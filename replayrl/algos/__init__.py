@@ -10,8 +10,12 @@ from replayrl.algos.losses import (
     token_weights,
     truncated_is_weights,
 )
+from replayrl.algos.mismatch import IS_MODES, engine_is_weights, logp_difference
 
 __all__ = [
+    "IS_MODES",
+    "engine_is_weights",
+    "logp_difference",
     "KL_ESTIMATORS",
     "LossType",
     "clipped_surrogate",

@@ -143,3 +143,110 @@ def _pick_split(data, split: str, name: str):
     if split not in data:
         raise CLIError(f"dataset {name!r} has no split {split!r} (splits: {', '.join(data)})")
     return data[split]
+
+
+# ---------------------------------------------------------------------------------------------- concise help
+COMMON_TRAINING_FLAGS = [
+    "output_dir",
+    "overwrite_output_dir",
+    "resume_from_checkpoint",
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_ratio",
+    "weight_decay",
+    "max_grad_norm",
+    "num_train_epochs",
+    "max_steps",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "gradient_checkpointing",
+    "bf16",
+    "logging_steps",
+    "save_strategy",
+    "save_steps",
+    "save_total_limit",
+    "eval_strategy",
+    "eval_steps",
+    "eval_on_start",
+    "per_device_eval_batch_size",
+    "report_to",
+    "seed",
+]
+
+
+def arrange_help(
+    parser: argparse.ArgumentParser, sections: list[tuple[str, list[str]]], own: set[str], all_flags: bool
+):
+    """Regroup a parser's flags for `--help`: `sections` in order (title, flag names), then the command's own
+    fields not listed ("other options"), then, only with `all_flags`, every other TrainingArguments flag.
+    `--no_X` twins of boolean flags are never listed (`--X false` does the same)."""
+    actions: dict[str, argparse.Action] = {}
+    for action in parser._actions:
+        negative = any(s.startswith(("--no_", "--no-")) for s in action.option_strings)
+        if action.dest != "help" and not negative:
+            actions.setdefault(action.dest, action)
+    for group in parser._action_groups:
+        group._group_actions[:] = [a for a in group._group_actions if a.dest == "help"]
+    parser._action_groups[:] = [g for g in parser._action_groups if g._group_actions]
+    placed: set[str] = set()
+    for title, names in sections:
+        _add_group(parser, title, [actions[n] for n in names if n in actions])
+        placed.update(names)
+    rest = [a for d, a in actions.items() if d not in placed]
+    _add_group(parser, "other options", [a for a in rest if a.dest in own])
+    others = [a for a in rest if a.dest not in own]
+    if all_flags:
+        _add_group(parser, "all other transformers.TrainingArguments flags", others)
+    elif others:
+        parser.epilog = (parser.epilog or "") + (
+            f"\n\n{len(others)} more transformers.TrainingArguments flags are accepted: `{parser.prog} --help_all`."
+        )
+
+
+def _add_group(parser: argparse.ArgumentParser, title: str, actions: list[argparse.Action]) -> None:
+    if actions:
+        parser.add_argument_group(title)._group_actions.extend(actions)
+
+
+# ---------------------------------------------------------------------------------------------- early checks
+TRACKER_MODULES = {
+    "wandb": "wandb",
+    "tensorboard": "tensorboard",
+    "comet_ml": "comet_ml",
+    "mlflow": "mlflow",
+    "trackio": "trackio",
+    "clearml": "clearml",
+    "dvclive": "dvclive",
+    "swanlab": "swanlab",
+    "neptune": "neptune",
+    "codecarbon": "codecarbon",
+    "azure_ml": "azureml",
+}
+
+
+def check_trackers(report_to: list[str] | str | None) -> None:
+    """Each tracker in --report_to must be importable: say which package to install now, not after loading."""
+    import importlib.util
+
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    for name in names:
+        module = TRACKER_MODULES.get(name)
+        if module and importlib.util.find_spec(module) is None:
+            if name == "tensorboard" and importlib.util.find_spec("tensorboardX"):
+                continue
+            raise CLIError(f"--report_to {name} needs the {module} package: pip install {module} (or --report_to none)")
+
+
+def check_resume(resume: str | None, output_dir: str, overwrite: bool) -> str | bool | None:
+    """`--resume_from_checkpoint` (a path, or true for the last complete checkpoint) checked before loading
+    anything; without it, an output_dir holding an earlier run's checkpoints is refused unless --overwrite."""
+    from replayrl.checkpoints import CheckpointError, refuse_stale_checkpoints, resolve_resume
+
+    value: str | bool | None = True if str(resume).lower() == "true" else resume
+    try:
+        resolve_resume(value, output_dir)
+        if value in (None, False):
+            refuse_stale_checkpoints(output_dir, overwrite, delete=False)
+    except (CheckpointError, ValueError) as err:
+        raise CLIError(str(err)) from err
+    return value

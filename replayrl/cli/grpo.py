@@ -1,7 +1,9 @@
 """`replayrl grpo [--config recipe.yaml] [--<field> value ...]`: train with GRPO + replay buffer, plot, summarise.
 
 `replayrl grpo` takes every `GRPOWithReplayBufferConfig` field (so every `transformers.TrainingArguments` field
-too) as a flag, plus the `ScriptArguments` below. Each value comes from the highest of, lowest first:
+too) as a flag, plus the `ScriptArguments` below and TRL's `ModelConfig` flags (model loading, LoRA). `--help`
+lists them by topic with the library's defaults; `--help_all` adds every TrainingArguments flag. Each value comes
+from the highest of, lowest first:
   1. the CLI's own defaults: output_dir=runs/grpo-<time>, report_to=none;
   2. the built-in job's settings (`default_task.DEFAULT_CONFIG`), only when no model and no dataset are given;
   3. the recipe file given with --config (YAML: flag names without dashes as keys);
@@ -13,21 +15,27 @@ Bad input (unknown flag or key, bad value, missing file, bad reward spec, invali
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+import textwrap
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from datasets import Dataset
-from transformers import HfArgumentParser
+from transformers import HfArgumentParser, TrainingArguments
 
 from replayrl.cli.common import (
+    COMMON_TRAINING_FLAGS,
     PROG,
     ArgParser,
     CLIError,
     HelpFormatter,
     RaisingParserMixin,
+    arrange_help,
+    check_resume,
+    check_trackers,
     load_any_dataset,
     load_recipe,
     quiet_datasets,
@@ -35,24 +43,25 @@ from replayrl.cli.common import (
 )
 from replayrl.cli.common import help_text as _help
 from replayrl.metrics import METRICS_FILE, read_metrics, summary_lines
-from replayrl.metrics.plot import plot_run
-from replayrl.replay import GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
+from replayrl.models.model_config import ModelConfig, get_peft_config, model_init_kwargs
+from replayrl.replay.config import GRPOWithReplayBufferConfig
 from replayrl.rewards.builtin import RewardFunc, get_reward
 from replayrl.tasks import addition as default_task
+
+if TYPE_CHECKING:  # the trainer, datasets and plotting are imported where used: `--help` stays light
+    from datasets import Dataset
+
+    from replayrl.replay.trainer import GRPOWithReplayBufferTrainer
 
 
 @dataclass
 class ScriptArguments:
-    """What to train on and how to score it; the training settings are the config's flags."""
+    """What to train on and how to score it (TRL's ScriptArguments names); the model's flags are ModelConfig's."""
 
-    _argument_group_name = "script arguments (model, data, rewards)"
+    _argument_group_name = "data and rewards"
 
     config: str | None = field(
         default=None, metadata=_help("Recipe YAML of flag values (keys = flag names); flags given here override it.")
-    )
-    model_name_or_path: str | None = field(
-        default=None,
-        metadata=_help("Model to train: a hub name or a local save_pretrained folder (None: the built-in tiny model)."),
     )
     dataset_name: str | None = field(
         default=None,
@@ -62,9 +71,9 @@ class ScriptArguments:
         ),
     )
     dataset_config: str | None = field(default=None, metadata=_help("Dataset configuration name (e.g. 'main')."))
-    dataset_split: str = field(default="train", metadata=_help("Split to train on."))
-    dataset_test_split: str | None = field(
-        default=None, metadata=_help("Split to evaluate on, with --eval_strategy steps|epoch (None: no evaluation).")
+    dataset_train_split: str = field(default="train", metadata=_help("Split to train on."))
+    dataset_test_split: str = field(
+        default="test", metadata=_help("Split to evaluate on; loaded only with --eval_strategy steps|epoch.")
     )
     prompt_column: str = field(default="prompt", metadata=_help("Column holding the prompts; renamed to 'prompt'."))
     system_prompt: str | None = field(
@@ -74,9 +83,12 @@ class ScriptArguments:
     reward_funcs: list[str] | None = field(
         default=None,
         metadata=_help(
-            "Reward specs: length, length:<n>, regex:<pattern>, exact_match, boxed, or package.module:function. "
-            "Required with --dataset_name (None: the built-in task's own reward, exact_match)."
+            "Rewards: length, length:<n>, regex:<pattern>, exact_match, boxed, module.function or module:function "
+            "(the current directory is importable). Required with --dataset_name unless --reward_model_name_or_path."
         ),
+    )
+    reward_model_name_or_path: str | None = field(
+        default=None, metadata=_help("A sequence-classification reward model (hub name or local folder), scored too.")
     )
 
 
@@ -85,12 +97,13 @@ class _GRPOParser(RaisingParserMixin, HfArgumentParser):
 
 
 # ---------------------------------------------------------------------------------------------- arguments
-def build_grpo_parser() -> _GRPOParser:
+def build_grpo_parser(all_flags: bool = False) -> _GRPOParser:
+    builtin = ", ".join(f"{k}={v}" for k, v in default_task.DEFAULT_CONFIG.items())
     description = (
         "Train with GRPO and a replay buffer, then write checkpoints, the final model, metrics.jsonl and\n"
         "training.png to --output_dir and print a summary. Every value comes from, highest first: flags,\n"
-        "the --config recipe, the built-in job's settings (only without a model and a dataset), defaults.\n"
-        "The defaults shown below are those of this exact command line."
+        "the --config recipe, the built-in job's settings (only without a model and a dataset), the defaults\n"
+        "shown below.\n\n" + textwrap.fill(f"The built-in job sets: {builtin}.", 100)
     )
     epilog = (
         "examples:\n"
@@ -98,28 +111,69 @@ def build_grpo_parser() -> _GRPOParser:
         f"  {PROG} grpo --max_steps 100 --replay_buffer_size 0     # built-in job, shorter, without the buffer\n"
         f"  {PROG} grpo --config examples/qwen2_0.5b_math_boxed.yaml --learning_rate 2e-6\n"
         f"  {PROG} grpo --model_name_or_path ./my-model --dataset_name data.jsonl --prompt_column question \\\n"
-        "      --reward_funcs boxed --num_generations 8 --replay_buffer_size 64"
+        "      --reward_funcs boxed my_rewards.format --num_generations 8 --use_peft --lora_r 8"
     )
     parser = _GRPOParser(
-        (ScriptArguments, GRPOWithReplayBufferConfig),
+        (ScriptArguments, ModelConfig, GRPOWithReplayBufferConfig),
         prog=f"{PROG} grpo",
-        usage=f"{PROG} grpo [-h] [--config RECIPE.yaml] [--<flag> VALUE ...]",
+        usage=f"{PROG} grpo [-h] [--help_all] [--config RECIPE.yaml] [--<flag> VALUE ...]",
         description=description,
         epilog=epilog,
         formatter_class=HelpFormatter,
         allow_abbrev=False,  # with ~200 flags, prefix matching would turn typos into other flags
     )
-    # Under "options" only -h; then the script arguments; then the config's ~200 fields under a title of their own.
-    training = parser.add_argument_group("training arguments (GRPOWithReplayBufferConfig, incl. TrainingArguments)")
-    moved = [a for a in parser._optionals._group_actions if a.dest != "help"]
-    parser._optionals._group_actions[:] = [a for a in parser._optionals._group_actions if a.dest == "help"]
-    training._group_actions.extend(moved)
+    own = {f.name for f in fields(GRPOWithReplayBufferConfig)} - {f.name for f in fields(TrainingArguments)}
+    arrange_help(parser, _help_sections(), own | {"overwrite_output_dir"}, all_flags)
     return parser
 
 
-def parse_grpo_args(argv: list[str]) -> tuple[ScriptArguments, GRPOWithReplayBufferConfig]:
+def _help_sections() -> list[tuple[str, list[str]]]:
+    script = [f.name for f in fields(ScriptArguments)]
+    model = [f.name for f in fields(ModelConfig)]
+    return [
+        ("data and rewards", script + ["reward_weights"]),
+        ("model (ModelConfig)", model + ["model_init_kwargs"]),
+        ("generation", GENERATION_FLAGS),
+        ("GRPO loss", LOSS_FLAGS),
+        ("replay buffer", [f.name for f in fields(GRPOWithReplayBufferConfig) if f.name.startswith("replay_")]),
+        ("training (the most used transformers.TrainingArguments)", COMMON_TRAINING_FLAGS),
+    ]
+
+
+GENERATION_FLAGS = [
+    "num_generations",
+    "max_prompt_length",
+    "max_completion_length",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "generation_batch_size",
+    "steps_per_generation",
+    "use_vllm",
+]
+LOSS_FLAGS = [
+    "loss_type",
+    "beta",
+    "epsilon",
+    "epsilon_high",
+    "num_iterations",
+    "scale_rewards",
+    "mask_truncated_completions",
+    "sync_ref_model",
+]
+
+
+def parse_grpo_args(argv: list[str]) -> tuple[ScriptArguments, ModelConfig, GRPOWithReplayBufferConfig]:
     """Resolve flags, recipe and defaults (see the module docstring) into the two dataclasses."""
+    if "--help_all" in argv:
+        build_grpo_parser(all_flags=True).print_help()
+        raise SystemExit(0)
     parser = build_grpo_parser()
+    if "-h" in argv or "--help" in argv:
+        parser.print_help()  # the library's defaults, not the built-in job's
+        raise SystemExit(0)
     pre = _preparse(argv)
     recipe = load_recipe(pre.config) if pre.config else {}
     defaults: dict[str, Any] = {"output_dir": f"runs/grpo-{time.strftime('%Y%m%d-%H%M%S')}", "report_to": "none"}
@@ -130,14 +184,15 @@ def parse_grpo_args(argv: list[str]) -> tuple[ScriptArguments, GRPOWithReplayBuf
     set_defaults(parser, defaults, "built-in defaults")
     set_defaults(parser, recipe, pre.config)
     try:
-        script, config, remaining = parser.parse_args_into_dataclasses(
+        script, model_args, config, remaining = parser.parse_args_into_dataclasses(
             argv, return_remaining_strings=True, look_for_args_file=False
         )
     except (ValueError, TypeError) as err:  # the config's own validation, with its fix-it message
         raise CLIError(str(err)) from err
     if remaining:
         raise CLIError(f"unrecognized arguments: {' '.join(remaining)} (see `{PROG} grpo --help`)")
-    return script, config
+    check_trackers(config.report_to)
+    return script, model_args, config
 
 
 def _preparse(argv: list[str]) -> argparse.Namespace:
@@ -169,16 +224,24 @@ def prepare_prompts(dataset: Dataset, prompt_column: str, system_prompt: str | N
         return dataset.map(to_chat)
 
 
-def resolve_rewards(specs: list[str] | None, builtin_task: bool) -> list[RewardFunc]:
+def resolve_rewards(specs: list[str] | None, reward_model: str | None, builtin_task: bool) -> list[RewardFunc | str]:
+    """Reward functions from their specs (the current directory importable, as for TRL's CLI), plus the reward
+    model's path, which the trainer loads."""
+    extra = [reward_model] if reward_model else []
     if not specs:
-        if builtin_task:
+        if builtin_task and not extra:
             return [default_task.task_reward()]
+        if extra:
+            return extra
         raise CLIError(
-            "--reward_funcs is required with --dataset_name, e.g. --reward_funcs exact_match "
-            "(builtins: length, length:<n>, regex:<pattern>, exact_match, boxed; or package.module:function)"
+            "--reward_funcs is required with --dataset_name, e.g. --reward_funcs exact_match (builtins: length, "
+            "length:<n>, regex:<pattern>, exact_match, boxed; or my_module.my_function), or give "
+            "--reward_model_name_or_path"
         )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
-        return [get_reward(spec) for spec in specs]
+        return [get_reward(spec) for spec in specs] + extra
     except (ValueError, TypeError) as err:
         raise CLIError(f"bad --reward_funcs: {err}") from err
 
@@ -189,25 +252,28 @@ def _datasets(script: ScriptArguments, config: GRPOWithReplayBufferConfig) -> tu
     if script.dataset_name is None:
         train, held_out = default_task.task_datasets(config.seed)
         return train, held_out if evaluating else None
-    if evaluating and not script.dataset_test_split:
-        raise CLIError("evaluation is on (--eval_strategy / --eval_on_start) but no --dataset_test_split is given")
-    load = [script.dataset_split] + ([script.dataset_test_split] if script.dataset_test_split else [])
+    load = [script.dataset_train_split] + ([script.dataset_test_split] if evaluating else [])
     loaded = [load_any_dataset(script.dataset_name, script.dataset_config, split) for split in load]
     prepared = [prepare_prompts(ds, script.prompt_column, script.system_prompt) for ds in loaded]
     return prepared[0], prepared[1] if len(prepared) > 1 else None
 
 
 # ---------------------------------------------------------------------------------------------- grpo command
-def build_trainer(script: ScriptArguments, config: GRPOWithReplayBufferConfig) -> GRPOWithReplayBufferTrainer:
+def build_trainer(
+    script: ScriptArguments, model_args: ModelConfig, config: GRPOWithReplayBufferConfig
+) -> GRPOWithReplayBufferTrainer:
     """Datasets, rewards, model and trainer; any problem with them is a CLIError."""
-    rewards = resolve_rewards(script.reward_funcs, builtin_task=script.dataset_name is None)
+    from replayrl.replay.trainer import GRPOWithReplayBufferTrainer
+
+    builtin_task = script.dataset_name is None
+    rewards = resolve_rewards(script.reward_funcs, script.reward_model_name_or_path, builtin_task)
     train, evaluation = _datasets(script, config)
-    model, tokenizer = (
-        default_task.build_default_model(config.seed)
-        if script.model_name_or_path is None
-        else (script.model_name_or_path, None)
-    )
     try:
+        if model_args.model_name_or_path is None:
+            model, tokenizer = default_task.build_default_model(config.seed)
+        else:
+            model, tokenizer = model_args.model_name_or_path, None
+            config.model_init_kwargs = {**model_init_kwargs(model_args), **(config.model_init_kwargs or {})}
         return GRPOWithReplayBufferTrainer(
             model=model,
             reward_funcs=rewards,
@@ -215,16 +281,17 @@ def build_trainer(script: ScriptArguments, config: GRPOWithReplayBufferConfig) -
             train_dataset=train,
             eval_dataset=evaluation,
             processing_class=tokenizer,
+            peft_config=get_peft_config(model_args),
         )
-    except (ValueError, OSError) as err:  # model or tokenizer not found, reward_weights mismatch, ...
+    except (ValueError, OSError, ImportError) as err:  # model not found, reward_weights mismatch, no peft, ...
         raise CLIError(str(err)) from err
 
 
-def _describe(script: ScriptArguments, config: GRPOWithReplayBufferConfig) -> str:
-    if script.model_name_or_path is None and script.dataset_name is None:
-        job = f"built-in default job: {default_task.TASK_DESCRIPTION} (replayrl/default_task.py)"
+def _describe(script: ScriptArguments, model_args: ModelConfig, config: GRPOWithReplayBufferConfig) -> str:
+    if model_args.model_name_or_path is None and script.dataset_name is None:
+        job = f"built-in default job: {default_task.TASK_DESCRIPTION} (replayrl/tasks/addition.py)"
     else:
-        model = script.model_name_or_path or "the built-in tiny model"
+        model = model_args.model_name_or_path or "the built-in tiny model"
         job = f"{model} on {script.dataset_name or 'the built-in addition task'}"
     buffer = f"replay buffer {config.replay_buffer_size} groups" if config.replay_buffer_size else "no replay buffer"
     return f"{PROG} grpo: {job}; {buffer}; output_dir {config.output_dir}"
@@ -232,15 +299,17 @@ def _describe(script: ScriptArguments, config: GRPOWithReplayBufferConfig) -> st
 
 def run(argv: list[str]) -> int:
     start = time.perf_counter()
-    script, config = parse_grpo_args(argv)
+    script, model_args, config = parse_grpo_args(argv)
+    resume = check_resume(config.resume_from_checkpoint, config.output_dir, config.overwrite_output_dir)
     # The built-in model is tiny: one torch thread is faster (see default_task.one_thread).
-    with default_task.one_thread() if script.model_name_or_path is None else nullcontext():
-        trainer = build_trainer(script, config)
-        print(_describe(script, config), flush=True)
-        resume = config.resume_from_checkpoint  # "true": the last checkpoint in output_dir, as Trainer.train(True)
-        trainer.train(resume_from_checkpoint=True if str(resume).lower() == "true" else resume)
+    with default_task.one_thread() if model_args.model_name_or_path is None else nullcontext():
+        trainer = build_trainer(script, model_args, config)
+        print(_describe(script, model_args, config), flush=True)
+        trainer.train(resume_from_checkpoint=resume)
         trainer.save_model(config.output_dir)
     if trainer.is_world_process_zero():
+        from replayrl.metrics.plot import plot_run
+
         plot = plot_run(config.output_dir)
         _print_summary(config, trainer.state.global_step, time.perf_counter() - start, plot)
     return 0

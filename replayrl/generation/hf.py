@@ -1,7 +1,7 @@
 """Generation with transformers `generate`: left-padded prompt ids -> G sampled completions each.
 
 `generate_completions` takes token ids and returns completion ids, their mask and which rows were truncated;
-other backends (vLLM) return the same.
+`HFGenerationBackend` puts it behind the `GenerationBackend` interface (replayrl.generation.base).
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from transformers import GenerationConfig
+
+from replayrl.generation.base import GenerationOutput
 
 
 def build_generation_config(args, tokenizer) -> GenerationConfig:
@@ -54,3 +56,22 @@ def generate_completions(
     mask, truncated = completion_mask_from_eos(completion_ids, generation_config.eos_token_id)
     completion_ids = completion_ids.masked_fill(mask == 0, generation_config.pad_token_id)
     return completion_ids, mask, truncated
+
+
+class HFGenerationBackend:
+    """`GenerationBackend` over transformers `generate` with the policy itself: nothing to sync, no engine
+    log-probs (the trainer's own log-probs are the behaviour log-probs)."""
+
+    def __init__(self, model, generation_config: GenerationConfig):
+        self.model = model
+        self.generation_config = generation_config
+
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor) -> GenerationOutput:
+        ids, mask, truncated = generate_completions(self.model, prompt_ids, prompt_mask, self.generation_config)
+        return GenerationOutput(completion_ids=ids, completion_mask=mask, truncated=truncated)
+
+    def sync_weights(self, model) -> None:
+        self.model = model
+
+    def close(self) -> None:
+        pass

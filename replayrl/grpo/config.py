@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from transformers import TrainingArguments
+from replayrl.training_args import TrainingArguments
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")
@@ -68,11 +68,37 @@ class GRPOConfig(TrainingArguments):
     min_p: float | None = field(default=None, metadata=_help("Minimum token probability relative to the top token."))
     repetition_penalty: float = field(default=1.0, metadata=_help("Repetition penalty (>1 discourages repeats)."))
     cache_implementation: str | None = field(default=None, metadata=_help("KV-cache implementation for generate."))
-    use_vllm: bool = field(default=False, metadata=_help("Generate with vLLM (not available in this release)."))
-    vllm_server_host: str = field(default="0.0.0.0", metadata=_help("vLLM server host (reserved)."))
-    vllm_server_port: int = field(default=8000, metadata=_help("vLLM server port (reserved)."))
-    vllm_server_timeout: float = field(default=120.0, metadata=_help("vLLM server timeout (reserved)."))
-    vllm_guided_decoding_regex: str | None = field(default=None, metadata=_help("vLLM guided decoding (reserved)."))
+    # vLLM (docs/vllm.md): generation by an in-process engine ("colocate") or a `replayrl vllm-serve` server
+    use_vllm: bool = field(default=False, metadata=_help("Generate with vLLM (`pip install replayrl[vllm]`)."))
+    vllm_mode: Literal["colocate", "server"] = field(
+        default="colocate", metadata=_help("'colocate': in-process engine; 'server': a `replayrl vllm-serve` server.")
+    )
+    vllm_server_base_url: str | None = field(
+        default=None, metadata=_help("Server URL (e.g. http://127.0.0.1:8000); overrides host and port.")
+    )
+    vllm_server_host: str = field(default="0.0.0.0", metadata=_help("vLLM server host (0.0.0.0 = this machine)."))
+    vllm_server_port: int = field(default=8000, metadata=_help("vLLM server port."))
+    vllm_server_timeout: float = field(default=120.0, metadata=_help("Seconds to wait for the server to be up."))
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3, metadata=_help("Colocate: GPU memory share for vLLM; on CPU the cap on the KV cache's RAM share.")
+    )
+    vllm_tensor_parallel_size: int = field(default=1, metadata=_help("Colocate: tensor-parallel size."))
+    vllm_max_model_length: int | None = field(
+        default=None, metadata=_help("Colocate: engine context length (default max_prompt + max_completion length).")
+    )
+    vllm_model_impl: str = field(default="vllm", metadata=_help("Model implementation: 'vllm' or 'transformers'."))
+    vllm_enable_sleep_mode: bool = field(default=False, metadata=_help("Colocate on GPU: offload between steps."))
+    vllm_guided_decoding_regex: str | None = field(default=None, metadata=_help("vLLM guided decoding regex."))
+    vllm_importance_sampling_correction: bool = field(
+        default=True, metadata=_help("Reweight tokens by pi_trainer / pi_vllm (truncated importance sampling).")
+    )
+    vllm_importance_sampling_mode: str = field(
+        default="sequence_mask",
+        metadata=_help("'token_truncate', 'token_mask', 'sequence_truncate' or 'sequence_mask' (TRL's modes)."),
+    )
+    vllm_importance_sampling_cap: float = field(
+        default=3.0, metadata=_help("Cap C: ratios above it are truncated to C (*_truncate) or zeroed (*_mask).")
+    )
     # Training
     learning_rate: float = field(default=1e-6, metadata=_help("AdamW learning rate (GRPO default 1e-6)."))
     logging_steps: float = field(default=10, metadata=_help("Log every N optimizer steps."))
@@ -176,7 +202,12 @@ class GRPOConfig(TrainingArguments):
         checks = [
             (self.num_iterations >= 1, f"num_iterations must be >= 1 (got {self.num_iterations})."),
             (self.beta >= 0, f"beta must be >= 0 (got {self.beta}); use 0 to disable the KL term."),
-            (self.epsilon > 0 and self.epsilon_high > 0, f"epsilon/epsilon_high must be > 0 (got {self.epsilon})."),
+            (self.epsilon > 0, f"epsilon must be > 0 (got {self.epsilon})."),
+            (self.epsilon_high > 0, f"epsilon_high must be > 0 (got {self.epsilon_high}); None means = epsilon."),
+            (
+                self.max_prompt_length is None or self.max_prompt_length >= 1,
+                f"max_prompt_length must be >= 1 or None for no limit (got {self.max_prompt_length}).",
+            ),
             (self.temperature > 0, f"temperature must be > 0 (got {self.temperature})."),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1] (got {self.top_p})."),
             (self.max_completion_length and self.max_completion_length > 0, "max_completion_length must be >= 1."),
@@ -195,10 +226,33 @@ class GRPOConfig(TrainingArguments):
             if not ok:
                 raise ValueError(message)
         if self.use_vllm:
-            raise ValueError(
-                "use_vllm=True is not supported yet: replayrl generates with transformers' `generate`. "
-                "Set use_vllm=False."
-            )
+            _validate_vllm(self)
+
+
+def _validate_vllm(args: GRPOConfig) -> None:
+    """vLLM options, and vLLM itself (found without importing it: `import vllm` takes tens of seconds)."""
+    import importlib.util
+
+    from replayrl.algos.mismatch import IS_MODES
+    from replayrl.generation.base import VLLM_EXTRA_HINT, MissingExtraError
+
+    if args.vllm_mode not in ("colocate", "server"):
+        raise ValueError(f"vllm_mode must be 'colocate' or 'server' (got {args.vllm_mode!r}).")
+    if args.vllm_importance_sampling_mode not in IS_MODES:
+        raise ValueError(
+            f"vllm_importance_sampling_mode must be one of {IS_MODES} (got {args.vllm_importance_sampling_mode!r})."
+        )
+    if args.vllm_mode == "colocate" and args.world_size > 1:
+        raise ValueError(
+            f"vllm_mode='colocate' runs one in-process engine for a single training process (world_size is "
+            f"{args.world_size}); use vllm_mode='server' with `replayrl vllm-serve`."
+        )
+    if args.vllm_guided_decoding_regex is not None:
+        raise ValueError("vllm_guided_decoding_regex is not supported yet (the engine runs without a tokenizer).")
+    if args.vllm_importance_sampling_cap <= 0:
+        raise ValueError(f"vllm_importance_sampling_cap must be > 0 (got {args.vllm_importance_sampling_cap}).")
+    if importlib.util.find_spec("vllm") is None:
+        raise MissingExtraError(VLLM_EXTRA_HINT)
 
 
 def _normalise_scale_rewards(value: str | bool) -> str:

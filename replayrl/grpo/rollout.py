@@ -24,7 +24,8 @@ class Rollout:
     `old_logps` are the behaviour log-probs: the log-probs under the policy that generated the row
     (NaN where not computed yet: on-policy rows take the current log-probs at their first loss pass,
     which are then exactly the behaviour log-probs). `policy_version` is the optimizer step at which the
-    row was generated; `replayed` marks rows that came out of the replay buffer.
+    row was generated; `replayed` marks rows that came out of the replay buffer. `engine_logps` are the log-probs a
+    generation engine (vLLM) reported for the tokens it sampled (None with transformers `generate`).
     """
 
     prompt_ids: Tensor = field(metadata=_LEFT)  # (N, P) long
@@ -39,6 +40,7 @@ class Rollout:
     old_logps: Tensor | None = field(default=None, metadata=_RIGHT)  # (N, C) float
     ref_logps: Tensor | None = field(default=None, metadata=_RIGHT)  # (N, C) float
     loss_weights: Tensor | None = field(default=None, metadata=_RIGHT)  # (N, C) float, see algos.token_weights
+    engine_logps: Tensor | None = field(default=None, metadata=_RIGHT)  # (N, C) float, vLLM's sampled-token log-probs
 
     @property
     def num_rows(self) -> int:

@@ -2,7 +2,8 @@
 
 What runs, per generation batch (each process generates `per_device_train_batch_size *
 steps_per_generation` completions, whole groups of G):
-  1. sample G completions per prompt with `generate` (behaviour policy = current policy);
+  1. sample G completions per prompt with the generation backend (transformers `generate`, or vLLM with
+     `use_vllm`: weights synced after each optimizer step, engine/trainer mismatch corrected, docs/vllm.md);
   2. score them with every reward function, weighted sum, None -> ignored;
   3. group-relative advantages (scale: group std, batch std or none);
   4. `_postprocess_rollout` hook (identity here; the replay trainer swaps zero-std groups);
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import time
 from collections import defaultdict
 from typing import Any
@@ -26,12 +26,15 @@ import torch
 from accelerate.utils import gather_object
 from torch import Tensor
 from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
-from transformers.trainer_utils import get_last_checkpoint
 
 from replayrl import algos
+from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.prompts import is_conversational, prompts_to_text, tokenize_prompts
-from replayrl.generation.hf import build_generation_config, generate_completions
+from replayrl.generation import build_backend
+from replayrl.generation.hf import build_generation_config
+from replayrl.grpo.checks import check_datasets
 from replayrl.grpo.config import GRPOConfig
+from replayrl.grpo.generation import engine_correction, sync_generator
 from replayrl.grpo.rollout import Rollout
 from replayrl.grpo.sampler import RepeatSampler
 from replayrl.metrics.callback import attach_metrics_file
@@ -40,14 +43,13 @@ from replayrl.models.reference import SyncRefModelCallback
 from replayrl.rewards.functions import RewardFunctions
 
 logger = logging.getLogger(__name__)
-EXTRA_STATE_NAME = "replayrl_state_rank{rank}.pt"
 
 
 def _identity_collator(features: list[dict]) -> list[dict]:
     return features
 
 
-class GRPOTrainer(Trainer):
+class GRPOTrainer(SafeCheckpointsMixin, Trainer):
     """TRL-compatible GRPO trainer. Arguments as TRL's `GRPOTrainer` (see the seed docs)."""
 
     _tag_names = ["trl", "grpo", "replayrl"]
@@ -78,9 +80,8 @@ class GRPOTrainer(Trainer):
             from peft import get_peft_model
 
             model = get_peft_model(model, peft_config)
-        for name, ds in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
-            _check_prompt_column(name, ds)
         self.reward_funcs = RewardFunctions(reward_funcs, reward_processing_classes, args.reward_weights)
+        check_datasets(args, train_dataset, eval_dataset, self.reward_funcs)
         self.ref_model = self._build_ref_model(model, args, peft_config is not None)
 
         super().__init__(
@@ -99,6 +100,10 @@ class GRPOTrainer(Trainer):
         self.num_generations = args.num_generations
         self.generate_every = args.steps_per_generation * args.num_iterations
         self.generation_config = build_generation_config(args, processing_class)
+        self.generator = build_backend(
+            args, self.accelerator.unwrap_model(self.model), processing_class, self.generation_config
+        )
+        self._synced_step: int | None = None  # optimizer step whose weights the generator has
         self._step = 0  # micro-batches served so far (drives when to generate)
         self._micro_batches: list[Rollout] | None = None
         self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
@@ -201,10 +206,9 @@ class GRPOTrainer(Trainer):
         prompt_ids, prompt_mask = tokenize_prompts(self.processing_class, texts, self.args.max_prompt_length)
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
         start = time.perf_counter()
-        policy = self.accelerator.unwrap_model(self.model)
-        completion_ids, completion_mask, truncated = generate_completions(
-            policy, prompt_ids, prompt_mask, self.generation_config
-        )
+        sync_generator(self, self.accelerator.unwrap_model(self.model))
+        out = self.generator.generate(prompt_ids, prompt_mask)
+        completion_ids, completion_mask, truncated = out.completion_ids, out.completion_mask, out.truncated
         self._metrics[mode]["timing/generation"].append(time.perf_counter() - start)
 
         id_lists = [ids[m.bool()].tolist() for ids, m in zip(completion_ids, completion_mask)]
@@ -230,6 +234,7 @@ class GRPOTrainer(Trainer):
             policy_version=torch.full((n,), self.state.global_step, dtype=torch.long, device=device),
             replayed=torch.zeros(n, dtype=torch.bool, device=device),
             truncated=truncated,
+            engine_logps=out.logps,
         )
         return self._add_logps(rollout, mode)
 
@@ -311,6 +316,7 @@ class GRPOTrainer(Trainer):
         if mode == "train":
             batch.old_logps = behaviour  # keep them: the replay buffer stores behaviour log-probs
         old, is_weights = self._behaviour_correction(batch, current, behaviour)
+        is_weights = engine_correction(self, mode, batch, behaviour, is_weights)
         per_token, low, high, _ = algos.clipped_surrogate(
             logps, old, batch.advantages, self.args.epsilon, self.args.epsilon_high, is_weights
         )
@@ -426,11 +432,6 @@ class GRPOTrainer(Trainer):
             print(f"{p[-40:]!r:<40} | {c[:40]!r:<40} | {r:.3f}")
 
     # ----------------------------------------------------------------------------------------- checkpoints
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        output_dir = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-        torch.save(self._extra_state(), os.path.join(output_dir, EXTRA_STATE_NAME.format(rank=self.args.process_index)))
-
     def _extra_state(self) -> dict:
         """Trainer state that plain Trainer checkpoints lack. Subclasses extend it."""
         state = {"step": self._step, "total_tokens": self._total_tokens, "micro_batches": None, "ref_model": None}
@@ -449,25 +450,8 @@ class GRPOTrainer(Trainer):
         if state["ref_model"] is not None:
             self.accelerator.unwrap_model(self.ref_model).load_state_dict(state["ref_model"])
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
-        if resume_from_checkpoint is True:
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
-            if resume_from_checkpoint is None:
-                raise ValueError(f"No checkpoint found in output_dir {self.args.output_dir!r} to resume from.")
-        if resume_from_checkpoint:
-            path = os.path.join(resume_from_checkpoint, EXTRA_STATE_NAME.format(rank=self.args.process_index))
-            if not os.path.exists(path):
-                path = os.path.join(resume_from_checkpoint, EXTRA_STATE_NAME.format(rank=0))
-            if os.path.exists(path):
-                self._load_extra_state(torch.load(path, map_location="cpu", weights_only=False))
-            else:
-                logger.warning(f"{resume_from_checkpoint} has no replayrl state; resuming without it.")
-        return super().train(
-            resume_from_checkpoint=resume_from_checkpoint,
-            trial=trial,
-            ignore_keys_for_eval=ignore_keys_for_eval,
-            **kwargs,
-        )
+    def _checkpoint_settings(self) -> dict:
+        return {**super()._checkpoint_settings(), "num_generations": self.num_generations}
 
 
 def _known_or(values: Tensor | None, current: Tensor, real: Tensor) -> Tensor:
@@ -476,16 +460,3 @@ def _known_or(values: Tensor | None, current: Tensor, real: Tensor) -> Tensor:
     if values is None:
         return current
     return torch.where(real & ~values.isnan(), values, current)
-
-
-def _check_prompt_column(name: str, dataset) -> None:
-    if dataset is None:
-        return
-    datasets = dataset.values() if isinstance(dataset, dict) else [dataset]
-    for ds in datasets:
-        columns = getattr(ds, "column_names", None)
-        if columns is not None and "prompt" not in columns:
-            raise ValueError(
-                f"{name} has no 'prompt' column (columns: {columns}). GRPO reads prompts from 'prompt': rename "
-                "your column, e.g. dataset.rename_column('question', 'prompt')."
-            )

@@ -27,17 +27,38 @@ PANELS: list[tuple[str, list[tuple[str, str]], str]] = [
     ("Completion length (tokens)", [("completion_length", "mean")], "not logged"),
     ("Entropy (nats per token)", [("entropy", "mean")], "not logged"),
 ]
+# PPOTrainer runs (recognised by "objective/kl"): the seed's stats.
+PPO_PANELS: list[tuple[str, list[tuple[str, str]], str]] = [
+    ("Reward", [("reward", "mean score of the batch"), ("eval_reward", "eval")], "no reward logged"),
+    ("KL(policy || reference)", [("objective/kl", "sum over response tokens")], "not logged"),
+    ("KL coefficient", [("objective/kl_coef", "beta")], "not logged"),
+    ("Losses", [("ppo/loss/policy", "policy"), ("ppo/loss/value", "value (x vf_coef)")], "not logged"),
+    ("Value head", [("ppo/val/vpred", "mean prediction"), ("ppo/returns/mean", "mean return")], "not logged"),
+    ("Entropy (nats per token)", [("ppo/policy/entropy", "mean")], "not logged"),
+]
+# Keys that only a GRPO run logs (PPO runs log `reward` too, but are recognised first): they select PANELS.
+GRPO_KEYS = {"reward", "frac_reward_zero_std"}
 # Keys not worth a panel of their own when drawing a run of another trainer.
-_BOOKKEEPING = {"step", "epoch", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+_BOOKKEEPING = {
+    "step",
+    "epoch",
+    "total_flos",
+    "train_loss",
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+}
 
 
 def panels_for(records: list[dict]) -> list[tuple[str, list[tuple[str, str]], str]]:
     """GRPO's PANELS for a GRPO run; for any other trainer, one panel per logged metric (train and eval
     together), losses first, at most six."""
     keys = {k for r in records for k, v in r.items() if isinstance(v, (int, float)) and k not in _BOOKKEEPING}
-    if any(key in keys for _, lines, _ in PANELS for key, _ in lines):
+    if "objective/kl" in keys:
+        return PPO_PANELS
+    if keys & GRPO_KEYS:  # not any PANELS key: other trainers log `entropy` too
         return PANELS
-    names = sorted({k.removeprefix("eval_") for k in keys}, key=lambda k: ("loss" not in k, k))[:6]
+    names = sorted({k.removeprefix("eval_") for k in keys}, key=_panel_order)[:6]
     return [(name, [(name, "train"), (f"eval_{name}", "eval")], "not logged") for name in names]
 
 
@@ -77,3 +98,11 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
     if not metrics.is_file():
         raise FileNotFoundError(f"no {METRICS_FILE} in {run_dir} (is it the output_dir of a replayrl run?)")
     return plot_metrics(read_metrics(metrics), output or run_dir / PLOT_FILE, title=str(run_dir))
+
+
+# Headline metrics of the preference trainers (DPO, reward): drawn right after the losses when a run logs them.
+_HEADLINE = ("rewards/accuracies", "rewards/margins", "rewards/chosen", "accuracy", "margin")
+
+
+def _panel_order(key: str) -> tuple:
+    return ("loss" not in key, _HEADLINE.index(key) if key in _HEADLINE else len(_HEADLINE), key)

@@ -106,6 +106,12 @@ class ReplayBuffer:
             self.groups = [g for g in self.groups if g.reuse < self.max_reuse]
         return chosen
 
+    def reconfigure(self, capacity: int, max_age: int | None, max_reuse: int | None) -> None:
+        """Take new limits (on resume with other settings): over capacity, the highest-scored groups stay."""
+        self.capacity, self.max_age, self.max_reuse = capacity, max_age, max_reuse
+        if len(self.groups) > capacity:
+            self.groups = sorted(self.groups, key=lambda g: g.score, reverse=True)[:capacity]
+
     def state_dict(self) -> dict:
         return {
             "capacity": self.capacity,

@@ -12,6 +12,8 @@ a prompt's stored success into its own all-failed group (ExGRPO; `replay/mixing.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from accelerate.utils import gather_object
 from torch import Tensor
@@ -23,6 +25,8 @@ from replayrl.replay.buffer import ReplayBuffer, group_score
 from replayrl.replay.config import GRPOWithReplayBufferConfig
 from replayrl.replay.diagnostics import replay_loss_metrics
 from replayrl.replay.mixing import STORE_PROMPTS, SuccessStore, mix_into_group, prompt_key, successes_of_group
+
+logger = logging.getLogger(__name__)
 
 
 class GRPOWithReplayBufferTrainer(GRPOTrainer):
@@ -196,10 +200,25 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
         super()._load_extra_state(state)
         if self.replay_buffer is not None and state.get("replay_buffer") is not None:
             self.replay_buffer.load_state_dict(state["replay_buffer"])
+            # the run's settings rule: a changed size keeps the highest-scored groups (see _adapt_settings)
+            args = self.args
+            self.replay_buffer.reconfigure(args.replay_buffer_size, args.replay_max_age, args.replay_max_reuse)
         if self.success_store is not None and state.get("success_store") is not None:
             self.success_store.load_state_dict(state["success_store"])
         counts = state.get("replay_counts") or {"uids": [], "replays": 0}
         self._replayed_uids, self._replays = set(counts["uids"]), counts["replays"]
+
+    adaptable_settings = frozenset({"replay_buffer_size"})
+
+    def _checkpoint_settings(self) -> dict:
+        return {**super()._checkpoint_settings(), "replay_buffer_size": self.args.replay_buffer_size}
+
+    def _adapt_settings(self, saved: dict) -> None:
+        if "replay_buffer_size" in saved:
+            logger.warning(
+                f"Resuming with replay_buffer_size={self.args.replay_buffer_size} (the checkpoint used "
+                f"{saved['replay_buffer_size']}): the buffer keeps its highest-scored groups up to the new size."
+            )
 
 
 def _flatten(per_rank: list[list]) -> list:

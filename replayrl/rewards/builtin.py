@@ -197,11 +197,15 @@ def boxed_match(completions: Sequence[Any], answer: Sequence[Any] | None = None,
     return scores
 
 
+exact_match.required_columns = ("answer",)  # read by the trainer's dataset check
+boxed_match.required_columns = ("answer",)
+
 BUILTIN_REWARDS: dict[str, RewardFunc] = {"length": reward_len, "exact_match": exact_match, "boxed": boxed_match}
 
 
 def get_reward(spec: str) -> RewardFunc:
-    """Resolve a reward spec: a builtin name, "length:<int>", "regex:<pattern>" or "module.sub:function"."""
+    """Resolve a reward spec: a builtin name, "length:<int>", "regex:<pattern>", "module.sub:function" or
+    "module.sub.function"."""
     if not isinstance(spec, str):
         raise TypeError(f"reward spec must be a str, got {type(spec).__name__}")
     name, sep, arg = spec.partition(":")
@@ -221,7 +225,12 @@ def get_reward(spec: str) -> RewardFunc:
         return BUILTIN_REWARDS[name]
     if sep and name and arg.strip():
         return _import_reward(name, arg.strip())
-    valid = ", ".join([*BUILTIN_REWARDS, "length:<target>", "regex:<pattern>", "'package.module:function'"])
+    if not sep and "." in name.strip(".") and " " not in name:  # my_rewards.accuracy, as TRL's CLI
+        module, _, attr = name.rpartition(".")
+        return _import_reward(module, attr)
+    valid = ", ".join(
+        [*BUILTIN_REWARDS, "length:<target>", "regex:<pattern>", "'package.module:function'", "'module.function'"]
+    )
     raise ValueError(f"unknown reward {spec!r}; valid: {valid}")
 
 

@@ -84,6 +84,32 @@ class RewardFunctions:
             resolved.append(tok)
         return resolved
 
+    def columns_used(self) -> set[str]:
+        """Dataset columns the reward functions name as parameters (besides the standard ones)."""
+        standard = {"prompts", "completions", "completion_ids", "trainer_state", "kwargs", "self"}
+        used = set()
+        for func in self.funcs:
+            if isinstance(func, PreTrainedModel):
+                continue
+            params = inspect.signature(func).parameters.values()
+            used |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} - standard
+        return used
+
+    def columns_required(self) -> dict[str, set[str]]:
+        """Per function name, the dataset columns it cannot do without: parameters with no default, and those
+        it declares in a `required_columns` attribute."""
+        standard = {"prompts", "completions", "completion_ids", "trainer_state"}
+        required = {}
+        for name, func in zip(self.names, self.funcs):
+            if isinstance(func, PreTrainedModel):
+                continue
+            params = inspect.signature(func).parameters.values()
+            named = {
+                p.name for p in params if p.default is p.empty and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+            }
+            required[name] = (named | set(getattr(func, "required_columns", ()))) - standard
+        return required
+
     def models(self) -> list[PreTrainedModel]:
         return [f for f in self.funcs if isinstance(f, PreTrainedModel)]
 
@@ -117,7 +143,7 @@ class RewardFunctions:
 
     @staticmethod
     def _validate(name: str, out: Any, n: int) -> Tensor:
-        if isinstance(out, Tensor):
+        if isinstance(out, Tensor) or type(out).__module__ == "numpy":  # tensors and numpy arrays, as TRL
             out = out.tolist()
         if not isinstance(out, (list, tuple)) or len(out) != n:
             got = f"{type(out).__name__} of length {len(out)}" if hasattr(out, "__len__") else repr(out)

@@ -28,14 +28,15 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from datasets import Dataset
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from replayrl.models.tiny import build_tiny_model, build_tokenizer
 from replayrl.rewards.builtin import RewardFunc, exact_match
+
+if TYPE_CHECKING:  # the CLI reads this module's settings for --help: keep transformers' models out of it
+    from datasets import Dataset
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 TASK_DESCRIPTION = "single-digit addition a+b=, 0/1 exact-match reward, tiny Qwen2 warmed up on a noisy teacher"
 MODEL_KWARGS = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
@@ -91,6 +92,8 @@ def task_datasets(seed: int = 0) -> tuple[Dataset, Dataset]:
 
 
 def _pairs_dataset(pairs: list[tuple[int, int]]) -> Dataset:
+    from datasets import Dataset
+
     return Dataset.from_dict({"prompt": [f"{a}+{b}=" for a, b in pairs], "answer": [str(a + b) for a, b in pairs]})
 
 
@@ -147,6 +150,8 @@ def warm_up(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, seed: in
 
 def build_default_model(seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """Tokenizer and the warmed-up tiny policy; same seed, same weights."""
+    from replayrl.models.tiny import build_tiny_model, build_tokenizer
+
     tokenizer = build_tokenizer()
     model = build_tiny_model(tokenizer, seed=seed, **MODEL_KWARGS)
     with torch.random.fork_rng(devices=[]):  # dropout-free, but keep the caller's RNG untouched anyway

@@ -58,7 +58,7 @@ def test_recipe_values_are_defaults_and_flags_override_them(tmp_path):
         # 1e-4 is a *string* to PyYAML; a dashed key; a scalar for a list flag.
         "learning_rate: 1e-4\nnum-generations: 4\nlogging_steps: 3\nreward_funcs: length:5\nbf16: 'no'\n",
     )
-    script, config = parse_grpo_args(["--config", recipe, "--learning_rate", "2e-4"])
+    script, _, config = parse_grpo_args(["--config", recipe, "--learning_rate", "2e-4"])
     assert config.learning_rate == 2e-4  # flag beats recipe
     assert config.num_generations == 4 and config.logging_steps == 3 and config.bf16 is False  # recipe beats defaults
     assert script.reward_funcs == ["length:5"]
@@ -68,19 +68,19 @@ def test_recipe_values_are_defaults_and_flags_override_them(tmp_path):
 
 
 def test_builtin_job_settings_only_without_model_and_dataset(tmp_path):
-    _, builtin = parse_grpo_args([])
+    *_, builtin = parse_grpo_args([])
     assert builtin.learning_rate == default_task.DEFAULT_CONFIG["learning_rate"]
     recipe = write_yaml(tmp_path / "r.yaml", "model_name_or_path: some/model\n")
     for argv in (["--dataset_name", "d.jsonl"], ["--model-name-or-path", "m"], ["--config", recipe]):
-        script, config = parse_grpo_args(argv)
+        _, model_args, config = parse_grpo_args(argv)
         assert config.learning_rate == 1e-6 and config.max_steps == -1, argv  # GRPOConfig's own defaults
-    assert script.model_name_or_path == "some/model"
+    assert model_args.model_name_or_path == "some/model"
 
 
 def test_example_recipe_parses():
     # The recipe asks for bf16, which a CPU-only machine refuses unless told to use the CPU.
-    script, config = parse_grpo_args(["--config", str(RECIPE), "--use_cpu"])
-    assert script.model_name_or_path == "Qwen/Qwen2.5-0.5B-Instruct"
+    script, model_args, config = parse_grpo_args(["--config", str(RECIPE), "--use_cpu"])
+    assert model_args.model_name_or_path == "Qwen/Qwen2.5-0.5B-Instruct"
     assert (script.dataset_name, script.dataset_config, script.prompt_column) == ("openai/gsm8k", "main", "question")
     assert script.reward_funcs == ["boxed"] and "boxed" in script.system_prompt
     assert config.bf16 and config.replay_buffer_size == 64 and config.num_generations == 8
@@ -98,14 +98,15 @@ BAD_ARGS = {
     "bad reward spec": ["grpo", "--reward_funcs", "no_such_reward"],
     "missing data file": ["grpo", "--dataset_name", "missing.jsonl", "--reward_funcs", "exact_match"],
     "no reward for a dataset": ["grpo", "--dataset_name", "{data}"],
-    "eval without a test split": [
-        "grpo",
-        "--dataset_name",
-        "{data}",
-        "--reward_funcs",
-        "exact_match",
-        "--eval_on_start",
-    ],
+    "missing test split": "grpo --dataset_name {tmp}/dd --reward_funcs exact_match --prompt_column q "
+    "--eval_on_start".split(),
+    "missing reward column": "grpo --dataset_name {tmp}/saved --reward_funcs exact_match --prompt_column q".split(),
+    "missing tracker package": ["grpo", "--report_to", "dvclive"],
+    "resume with nothing to resume": ["grpo", "--resume_from_checkpoint", "true", "--output_dir", "{tmp}/none"],
+    "resume from a missing path": ["grpo", "--resume_from_checkpoint", "{tmp}/none/checkpoint-9"],
+    "output_dir holds an old run": ["grpo", "--output_dir", "{tmp}/old"],
+    "bad reward module": ["grpo", "--reward_funcs", "no_such_module.accuracy"],
+    "peft flag error": ["grpo", "--use_peft", "--lora_r", "0"],
     "missing prompt column": ["grpo", "--dataset_name", "{data}", "--reward_funcs", "exact_match"],
     "missing model": "grpo --model_name_or_path {tmp}/no-model --dataset_name {data} --prompt_column question "
     "--reward_funcs exact_match --output_dir {tmp}/out".split(),
@@ -124,6 +125,10 @@ def test_bad_arguments_print_one_line_and_exit_2(case, tmp_path, data_file, caps
     write_yaml(tmp_path / "unknown.yaml", "learning_rat: 1e-4\n")
     write_yaml(tmp_path / "bad_value.yaml", "learning_rate: fast\n")
     write_yaml(tmp_path / "list.yaml", "- learning_rate\n")
+    Dataset.from_dict({"q": ["1+1="] * 8}).save_to_disk(str(tmp_path / "saved"))  # no 'answer' column
+    DatasetDict({"train": Dataset.from_dict({"q": ["1+1="] * 8})}).save_to_disk(str(tmp_path / "dd"))  # no 'test'
+    capsys.readouterr()  # drop the save's progress bar
+    (tmp_path / "old" / "checkpoint-2").mkdir(parents=True)
     argv = [a.format(tmp=tmp_path, data=data_file) for a in BAD_ARGS[case]]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -138,6 +143,43 @@ def test_help(argv, capsys):
         for flag in ("--model_name_or_path", "--reward_funcs", "--config", "--replay_buffer_size", "--beta"):
             assert flag in out
         assert "examples:" in out
+
+
+def test_help_is_concise_grouped_and_shows_the_library_defaults(capsys):
+    assert main(["grpo", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) < 350 and "--no_" not in out
+    for title in ("data and rewards:", "model (ModelConfig):", "generation:", "GRPO loss:", "replay buffer:"):
+        assert title in out
+    max_steps_help = out.split("--max_steps MAX_STEPS")[1].split("\n  --")[0]
+    assert "(default: -1)" in " ".join(max_steps_help.split())  # GRPOConfig's, not the built-in job's 500
+    for flag in ("--use_peft", "--lora_target_modules", "--dtype", "--attn_implementation", "--trust_remote_code"):
+        assert flag in out
+    assert "--help_all" in out and "--adam_beta1" not in out
+    assert main(["grpo", "--help_all"]) == 0
+    assert "--adam_beta1" in capsys.readouterr().out
+
+
+def test_reward_functions_by_dotted_path_from_the_current_directory(tmp_path):
+    from replayrl.cli.grpo import resolve_rewards
+
+    (tmp_path / "my_rewards.py").write_text("def accuracy(completions, **kw):\n    return [1.0] * len(completions)\n")
+    dotted, colon, model = resolve_rewards(["my_rewards.accuracy", "my_rewards:accuracy"], "some/rm", False)
+    assert dotted is colon and dotted.__name__ == "accuracy" and model == "some/rm"
+
+
+def test_model_flags_reach_the_loader_and_peft():
+    from peft import LoraConfig
+
+    from replayrl.models.model_config import get_peft_config, model_init_kwargs
+
+    argv = ["--model_name_or_path", "m", "--dtype", "bfloat16", "--attn_implementation", "eager"]
+    argv += ["--trust_remote_code", "--use_peft", "--lora_r", "4", "--lora_target_modules", "all-linear"]
+    _, model_args, _ = parse_grpo_args(argv + ["--dataset_name", "d.jsonl"])
+    kwargs = model_init_kwargs(model_args)
+    assert kwargs["dtype"] == "bfloat16" and kwargs["attn_implementation"] == "eager" and kwargs["trust_remote_code"]
+    lora = get_peft_config(model_args)
+    assert isinstance(lora, LoraConfig) and lora.r == 4 and lora.target_modules == "all-linear"
 
 
 def test_python_dash_m(tmp_path):

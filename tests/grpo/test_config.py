@@ -43,7 +43,6 @@ def test_generation_batch_derivation():
         (dict(beta=-1.0), "beta must be >= 0"),
         (dict(temperature=0.0), "temperature must be > 0"),
         (dict(top_p=1.5), "top_p"),
-        (dict(use_vllm=True), "use_vllm"),
     ],
 )
 def test_bad_config_is_a_clear_value_error(kwargs, match):

@@ -11,7 +11,7 @@ import torch
 
 from replayrl import GRPOConfig, GRPOTrainer
 from replayrl.grpo.rollout import Rollout
-from replayrl.models.tiny import build_tiny_model
+from replayrl.models.tiny import build_tiny_model, prompt_dataset
 from tests.conftest import tiny_args
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
@@ -59,7 +59,7 @@ def test_two_processes_match_one_process_on_the_same_global_batch(tokenizer, tmp
         model=model,
         reward_funcs=lambda completions, **kw: [0.0] * len(completions),
         args=args,
-        train_dataset=None,
+        train_dataset=prompt_dataset(8),
         processing_class=tokenizer,
     )
     init = [p.detach().clone() for p in trainer.model.parameters()]

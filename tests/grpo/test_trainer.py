@@ -318,3 +318,15 @@ def test_resume_from_a_checkpoint_in_the_middle_of_a_generation_cycle(tokenizer,
     for x, y in zip(full[1:], resumed):
         for k in ("loss", "grad_norm", "kl", "entropy"):
             assert y[k] == pytest.approx(x[k], rel=1e-4, abs=1e-6), (x["step"], k)
+
+
+def test_training_from_python_writes_metrics_jsonl_that_plot_can_draw(model, tokenizer, dataset, tmp_path):
+    from replayrl.metrics import METRICS_FILE, read_metrics
+    from replayrl.metrics.plot import plot_run
+
+    trainer = make_trainer(model, tokenizer, dataset, tmp_path, max_steps=2)
+    trainer.train()
+    records = read_metrics(tmp_path / "out" / METRICS_FILE)
+    assert [r["step"] for r in records if "loss" in r] == [1, 2]
+    assert all("reward" in r for r in records if "loss" in r)
+    assert plot_run(tmp_path / "out").stat().st_size > 10_000

@@ -205,7 +205,7 @@ def test_resume_continues_exactly_like_the_uninterrupted_run(tokenizer, dataset,
     full = run(tmp_path / "full")
     assert len(full.replay_buffer) > 0
     partial = run(tmp_path / "part", stop_at=3)
-    assert (tmp_path / "part" / "checkpoint-3" / "replayrl_state_rank0.pt").exists()
+    assert (tmp_path / "part" / "checkpoint-3" / "replayrl_state_rank0.safetensors").exists()
     resumed = run(tmp_path / "part", resume=str(tmp_path / "part" / "checkpoint-3"))
     assert len(partial.replay_buffer) > 0
     a = [h for h in full.state.log_history if "loss" in h and h["step"] > 3]

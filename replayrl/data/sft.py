@@ -1,0 +1,227 @@
+"""Tokenisation for supervised fine-tuning: text, prompt-completion and conversational rows -> token ids + masks.
+
+Every row becomes `input_ids` plus, where they apply, `completion_mask` (1 on completion tokens of
+prompt-completion rows) and `assistant_masks` (1 on tokens the chat template marks with `{% generation %}`).
+Which mask reaches the loss is the collator's choice (`replayrl.data.collators`), as in TRL.
+
+- Standard (non-conversational) rows get the EOS id appended exactly once: not when the text already ends
+  with it, and independently of the pad token (pad == eos never hides the real EOS: labels come from the
+  row's length, not from comparing ids with the pad id).
+- Conversational rows go through the tokenizer's chat template, which writes its own end-of-turn tokens;
+  no EOS is added (as TRL).
+- `truncate_row` keeps the first (`keep_start`) or the last (`keep_end`) `max_length` tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from replayrl.data.formats import DatasetFormat
+
+logger = logging.getLogger(__name__)
+GENERATION_MARK = re.compile(r"\{%-?\s*generation\s*-?%\}")
+MASK_COLUMNS = ("completion_mask", "assistant_masks")
+
+
+@dataclass(frozen=True)
+class SFTTokenizeSettings:
+    """What tokenisation needs from `SFTConfig` (a small picklable object for `dataset.map(num_proc=...)`)."""
+
+    eos_token_id: int
+    assistant_only_loss: bool = False
+    max_length: int | None = 1024
+    truncation_mode: Literal["keep_start", "keep_end"] = "keep_start"
+
+
+def load_chat_template(tokenizer, chat_template_path: str) -> None:
+    """Set `tokenizer.chat_template` from a template file (e.g. `template.jinja`) or a tokenizer folder."""
+    path = Path(chat_template_path).expanduser()
+    if path.is_file():
+        tokenizer.chat_template = path.read_text()
+        return
+    if path.is_dir():
+        from transformers import AutoTokenizer
+
+        template = AutoTokenizer.from_pretrained(str(path)).chat_template
+        if not template:
+            raise ValueError(f"chat_template_path={chat_template_path!r}: the tokenizer there has no chat template.")
+        tokenizer.chat_template = template
+        return
+    raise ValueError(
+        f"chat_template_path={chat_template_path!r} is neither a template file nor a tokenizer folder; "
+        "pass the path of a .jinja file or of a folder written by save_pretrained."
+    )
+
+
+def check_chat_template(tokenizer, fmt: DatasetFormat, assistant_only_loss: bool) -> None:
+    """Conversational data needs a chat template; assistant-only loss needs its `{% generation %}` marks."""
+    if not fmt.conversational:
+        return
+    template = tokenizer.chat_template
+    if not template:
+        raise ValueError(
+            f"The dataset is {fmt.describe()} but the tokenizer has no chat template: set "
+            "`chat_template_path` (a .jinja file) or `tokenizer.chat_template`."
+        )
+    if assistant_only_loss and not GENERATION_MARK.search(str(template)):
+        raise ValueError(
+            "assistant_only_loss=True but the chat template has no {% generation %} ... {% endgeneration %} "
+            "marks around the assistant's text, so no token would be trained on. Use a template with "
+            "generation marks (chat_template_path) or set assistant_only_loss=False."
+        )
+
+
+def resolve_eos_token_id(tokenizer, eos_token: str | None) -> int:
+    """The id of `eos_token` (default: the tokenizer's EOS); ValueError when it is not one token."""
+    token = eos_token if eos_token is not None else tokenizer.eos_token
+    if token is None:
+        raise ValueError("The tokenizer has no eos_token: set `eos_token` in the config to the end-of-text token.")
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if token_id is None or (token_id == tokenizer.unk_token_id and token != tokenizer.unk_token):
+        raise ValueError(f"eos_token={token!r} is not a token of the tokenizer's vocabulary; pass an existing token.")
+    return token_id
+
+
+def _with_eos(ids: list[int], eos_id: int) -> list[int]:
+    return ids if ids and ids[-1] == eos_id else [*ids, eos_id]
+
+
+def _prefix_length(prompt_ids: list[int], full_ids: list[int]) -> int:
+    if full_ids[: len(prompt_ids)] != prompt_ids:
+        logger.warning(
+            "Tokenising prompt + completion changed the prompt's tokens; the completion mask is approximate."
+        )
+    return len(prompt_ids)
+
+
+def _chat(tokenizer, messages: list, assistant_mask: bool, **kwargs) -> dict:
+    out = tokenizer.apply_chat_template(
+        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=assistant_mask, **kwargs
+    )
+    row = {"input_ids": list(out["input_ids"])}
+    if assistant_mask:
+        row["assistant_masks"] = list(out["assistant_masks"])
+    return row
+
+
+def tokenize_row(example: dict, tokenizer, fmt: DatasetFormat, settings: SFTTokenizeSettings) -> dict:
+    """One row -> {"input_ids", optional "completion_mask", optional "assistant_masks"} (untruncated)."""
+    if fmt.kind == "language_modeling":
+        value = example[fmt.text_column]
+        if fmt.conversational:
+            return _chat(tokenizer, value, settings.assistant_only_loss)
+        return {"input_ids": _with_eos(tokenizer(value).input_ids, settings.eos_token_id)}
+    prompt, completion = example["prompt"], example["completion"]
+    if fmt.conversational:
+        prompt_ids = tokenizer.apply_chat_template(prompt, tokenize=True, return_dict=True, add_generation_prompt=True)[
+            "input_ids"
+        ]
+        row = _chat(tokenizer, [*prompt, *completion], settings.assistant_only_loss)
+    else:
+        prompt_ids = tokenizer(prompt).input_ids
+        row = {"input_ids": _with_eos(tokenizer(prompt + completion).input_ids, settings.eos_token_id)}
+    n_prompt = _prefix_length(list(prompt_ids), row["input_ids"])
+    row["completion_mask"] = [0] * n_prompt + [1] * (len(row["input_ids"]) - n_prompt)
+    return row
+
+
+def truncate_row(row: dict, max_length: int | None, mode: str) -> tuple[dict, bool]:
+    """(row cut to `max_length` tokens, whether it was cut); every per-token column is cut the same way."""
+    n = len(row["input_ids"])
+    if max_length is None or n <= max_length:
+        return row, False
+    keep = slice(0, max_length) if mode == "keep_start" else slice(n - max_length, n)
+    return {k: (v[keep] if k == "input_ids" or k in MASK_COLUMNS else v) for k, v in row.items()}, True
+
+
+def trained_mask(row: dict, completion_only_loss: bool, assistant_only_loss: bool) -> list[int]:
+    """1 where a token's label reaches the loss (before the causal shift drops position 0)."""
+    mask = [1] * len(row["input_ids"])
+    if completion_only_loss and "completion_mask" in row:
+        mask = [m * c for m, c in zip(mask, row["completion_mask"])]
+    if assistant_only_loss:
+        mask = [m * a for m, a in zip(mask, row["assistant_masks"])]
+    return mask
+
+
+def apply_formatting_func(dataset, formatting_func, num_proc: int | None, text_field: str = "text"):
+    """`formatting_func(example) -> str` (current TRL) or the seed's `formatting_func(batch) -> list[str]`.
+
+    A function that returns a list for one example is taken as the batched (seed) kind and called on
+    batches instead. The result is a dataset with one column, `text_field`.
+    """
+    first = formatting_func(dataset[0])
+    batched = isinstance(first, list)
+    if not batched and not isinstance(first, str):
+        raise ValueError(f"formatting_func must return a str (or, batched, a list of str); got {type(first).__name__}")
+
+    def run(batch_or_row):
+        return {text_field: formatting_func(batch_or_row)}
+
+    return dataset.map(run, batched=batched, num_proc=num_proc, remove_columns=dataset.column_names)
+
+
+def _tokenize_one(example: dict, index: int, tokenizer, fmt, settings, completion_only_loss: bool, truncate: bool):
+    if fmt.kind == "tokenized":
+        row = {k: list(example[k]) for k in ("input_ids", *MASK_COLUMNS) if example.get(k) is not None}
+    else:
+        row = tokenize_row(example, tokenizer, fmt, settings)
+    cut = False
+    if truncate:
+        row, cut = truncate_row(row, settings.max_length, settings.truncation_mode)
+    if not cut and not any(trained_mask(row, completion_only_loss, settings.assistant_only_loss)[1:]):
+        raise ValueError(
+            f"Row {index} of the dataset has no token to train on (it was not truncated): with "
+            f"completion_only_loss={completion_only_loss} and assistant_only_loss={settings.assistant_only_loss} "
+            "every label is masked. Check that the row has a non-empty completion / assistant turn, or turn the "
+            "mask option off."
+        )
+    return row
+
+
+def prepare_sft_dataset(
+    dataset,
+    tokenizer,
+    fmt: DatasetFormat,
+    settings: SFTTokenizeSettings,
+    completion_only_loss: bool,
+    packing: bool = False,
+    packing_strategy: str = "bfd",
+    num_proc: int | None = None,
+):
+    """Tokenise (unless pre-tokenised), truncate to `settings.max_length` and optionally pack a dataset.
+
+    Returns a `datasets.Dataset` with `input_ids`, the mask columns that apply and, when packed, `seq_lengths`.
+    Truncation happens per document before packing, except for the "wrapped" strategy, which splits documents.
+    """
+    from datasets import Dataset
+
+    from replayrl.data.packing import pack_columns, pack_dataset_bfd
+
+    truncate = not (packing and packing_strategy == "wrapped")
+    tokenized = dataset.map(
+        _tokenize_one,
+        with_indices=True,
+        fn_kwargs=dict(
+            tokenizer=tokenizer,
+            fmt=fmt,
+            settings=settings,
+            completion_only_loss=completion_only_loss,
+            truncate=truncate,
+        ),
+        remove_columns=dataset.column_names,
+        num_proc=num_proc,
+        desc="Tokenizing",
+    )
+    if not packing:
+        return tokenized
+    if settings.max_length is None:
+        raise ValueError("packing=True needs max_length (the length of a packed row); set max_length.")
+    if packing_strategy == "bfd":
+        return pack_dataset_bfd(tokenized, settings.max_length)
+    columns = {name: tokenized[name] for name in tokenized.column_names}
+    return Dataset.from_dict(pack_columns(columns, settings.max_length, packing_strategy))

@@ -1,0 +1,126 @@
+"""`DPOConfig`: TRL's DPO parameters on top of `transformers.TrainingArguments`, validated once.
+
+Names and defaults follow current TRL's `DPOConfig`, plus the seed's (TRL 0.7) names that moved from the
+trainer's signature into the config: `beta`, `max_length`, `max_prompt_length`, `label_pad_token_id`,
+`padding_value`, `truncation_mode`, `disable_dropout`, `reference_free`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from replayrl.algos.preference import F_DIVERGENCES, check_loss_types
+from replayrl.training_args import TrainingArguments
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass
+class DPOConfig(TrainingArguments):
+    """Configuration for [`DPOTrainer`]; the rest are `transformers.TrainingArguments`. Every field is also a
+    `replayrl dpo --<field>` flag."""
+
+    learning_rate: float = field(default=1e-6, metadata=_help("AdamW learning rate (TRL's DPO default 1e-6)."))
+    model_init_kwargs: dict[str, Any] | str | None = field(
+        default=None, metadata=_help("Keyword arguments for `from_pretrained` when `model` is a name or path.")
+    )
+    ref_model_init_kwargs: dict[str, Any] | str | None = field(
+        default=None, metadata=_help("Keyword arguments for `from_pretrained` when `ref_model` is a name or path.")
+    )
+    # Data
+    remove_unused_columns: bool | None = field(
+        default=False, metadata=_help("Kept False: the trainer tokenises the preference columns itself.")
+    )
+    max_prompt_length: int | None = field(
+        default=512, metadata=_help("Prompt tokens kept (the last ones); None: no limit.")
+    )
+    max_completion_length: int | None = field(
+        default=None, metadata=_help("Completion tokens kept (the first ones, EOS included); None: no limit.")
+    )
+    max_length: int | None = field(
+        default=1024, metadata=_help("Prompt + completion tokens kept, cut as `truncation_mode` says; None: no limit.")
+    )
+    truncation_mode: str = field(
+        default="keep_start",
+        metadata=_help("keep_start: drop the end of sequences longer than max_length; keep_end: drop the start."),
+    )
+    padding_value: int | None = field(default=None, metadata=_help("Pad id (None: the tokenizer's pad token)."))
+    label_pad_token_id: int = field(default=-100, metadata=_help("Label of prompt and padding positions."))
+    padding_free: bool = field(
+        default=False,
+        metadata=_help(
+            "Pack the batch's 2B sequences into one row without padding (block-diagonal attention; position ids "
+            "under FlashAttention). Same loss, fewer wasted tokens when lengths vary."
+        ),
+    )
+    dataset_num_proc: int | None = field(default=None, metadata=_help("Processes for tokenising the dataset."))
+    # Loss
+    beta: float = field(default=0.1, metadata=_help("Strength of the implicit KL to the reference (DPO's beta)."))
+    loss_type: list[str] | str = field(
+        default_factory=lambda: ["sigmoid"],
+        metadata=_help(
+            "One or more of sigmoid, sigmoid_norm, hinge, ipo, robust, exo_pair, nca_pair, bco_pair, sppo_hard, aot, "
+            "aot_pair, apo_zero, apo_down, discopop, sft; several are summed with loss_weights (docs/dpo.md)."
+        ),
+    )
+    loss_weights: list[float] | None = field(
+        default=None, metadata=_help("One weight per loss_type entry (None: all 1.0).")
+    )
+    label_smoothing: float = field(
+        default=0.0, metadata=_help("Probability that a label is flipped (cDPO / robust / exo_pair), in [0, 0.5).")
+    )
+    f_divergence_type: str = field(
+        default="reverse_kl", metadata=_help("f-DPO divergence: reverse_kl, js_divergence or alpha_divergence.")
+    )
+    f_alpha_divergence_coef: float = field(default=1.0, metadata=_help("alpha of alpha_divergence."))
+    discopop_tau: float = field(default=0.05, metadata=_help("Temperature of the discopop loss."))
+    rpo_alpha: float | None = field(
+        default=None, metadata=_help("RPO (arXiv:2404.19733): add rpo_alpha * NLL of the chosen completion.")
+    )
+    use_weighting: bool = field(default=False, metadata=_help("WPO (arXiv:2406.11827): weight pairs by likelihood."))
+    reference_free: bool = field(
+        default=False, metadata=_help("Ignore the reference: its log-probs are taken as 0 (no reference model).")
+    )
+    # Reference model
+    precompute_ref_log_probs: bool = field(
+        default=False,
+        metadata=_help("Compute reference log-probs once before training and keep no reference model in memory."),
+    )
+    precompute_ref_batch_size: int | None = field(
+        default=None, metadata=_help("Batch size of the precomputation (None: per_device_eval_batch_size).")
+    )
+    sync_ref_model: bool = field(default=False, metadata=_help("TR-DPO: periodically mix the policy into the ref."))
+    ref_model_mixup_alpha: float = field(default=0.6, metadata=_help("TR-DPO alpha: ref = a*policy + (1-a)*ref."))
+    ref_model_sync_steps: int = field(default=512, metadata=_help("TR-DPO tau: sync every N optimizer steps."))
+    disable_dropout: bool = field(default=True, metadata=_help("Turn dropout off in the model and the reference."))
+
+    def __post_init__(self):
+        if isinstance(self.loss_type, str):
+            self.loss_type = [t.strip() for t in self.loss_type.split(",")]
+        super().__post_init__()
+        check_loss_types(self.loss_type, self.loss_weights)
+        checks = [
+            (self.beta > 0, f"beta must be > 0 (got {self.beta})."),
+            (0 <= self.label_smoothing < 0.5, f"label_smoothing must be in [0, 0.5) (got {self.label_smoothing})."),
+            (
+                self.truncation_mode in ("keep_start", "keep_end"),
+                f"truncation_mode must be 'keep_start' or 'keep_end' (got {self.truncation_mode!r}).",
+            ),
+            (
+                self.f_divergence_type in F_DIVERGENCES,
+                f"f_divergence_type must be one of {F_DIVERGENCES} (got {self.f_divergence_type!r}).",
+            ),
+            (0 <= self.ref_model_mixup_alpha <= 1, "ref_model_mixup_alpha must be in [0, 1]."),
+            (self.max_length is None or self.max_length > 0, f"max_length must be > 0 (got {self.max_length})."),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        if self.sync_ref_model and (self.precompute_ref_log_probs or self.reference_free):
+            raise ValueError(
+                "sync_ref_model=True updates the reference during training, which contradicts "
+                "precompute_ref_log_probs=True / reference_free=True: turn one of them off."
+            )

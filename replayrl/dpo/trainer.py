@@ -1,0 +1,487 @@
+"""`DPOTrainer`: Direct Preference Optimization (arXiv:2305.18290) and its variants on `transformers.Trainer`.
+
+What runs, per batch of preference pairs:
+  1. the collator builds prompt + chosen and prompt + rejected rows (labels = completion tokens only);
+  2. ONE forward of the policy on chosen and rejected concatenated (2B rows), logits kept only from the
+     first completion position on; sequence log-probs = sums of the completion tokens' log-probs;
+  3. the same for the reference (no grad): a frozen copy of the initial policy, the base model with the adapter
+     disabled under PEFT, nothing at all with `precompute_ref_log_probs` (log-probs computed once before
+     training and stored as dataset columns) or `reference_free` (taken as 0);
+  4. loss = sum_k w_k * loss_k over `loss_type` (pure functions in `replayrl.algos.preference`), optionally
+     WPO-weighted and with RPO's NLL term; mean over the batch.
+Metrics: rewards/chosen|rejected|accuracies|margins, logps/chosen|rejected, logits/chosen|rejected (docs/dpo.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+from accelerate import PartialState
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
+
+from replayrl.algos.logprobs import selective_log_softmax
+from replayrl.algos.preference import PairLogps, dpo_losses, implicit_rewards, wpo_token_terms, wpo_weights
+from replayrl.checkpoints import SafeCheckpointsMixin
+from replayrl.data.preference import DPODataCollator, dataset_kind, tokenize_dpo_row
+from replayrl.dpo.config import DPOConfig
+from replayrl.metrics.callback import attach_metrics_file
+from replayrl.models.loading import load_causal_lm
+from replayrl.models.reference import SyncRefModelCallback
+
+SEED_ARGS = (
+    "beta",
+    "max_length",
+    "max_prompt_length",
+    "label_pad_token_id",
+    "padding_value",
+    "truncation_mode",
+    "disable_dropout",
+    "reference_free",
+)
+
+
+def _is_peft(model) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def _disable_dropout(model: nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+
+
+class DPOTrainer(SafeCheckpointsMixin, Trainer):
+    """TRL-compatible DPO trainer. Arguments as TRL's `DPOTrainer`; the seed's `beta`, `max_length`, ...
+    may also be given here, and override `args`."""
+
+    _tag_names = ["trl", "dpo", "replayrl"]
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        ref_model: str | PreTrainedModel | None = None,
+        args: DPOConfig | None = None,
+        data_collator=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        compute_metrics=None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: tuple = (None, None),
+        peft_config=None,
+        tokenizer=None,
+        **seed_kwargs,
+    ):
+        if ref_model is not None and ref_model is model:
+            raise ValueError(
+                "ref_model is the same object as model: the reference must stay frozen while the policy trains. "
+                "Pass ref_model=None (a frozen copy is made) or a separate model."
+            )
+        model_id = model if isinstance(model, str) else model.config._name_or_path
+        args = args if args is not None else DPOConfig(output_dir=f"{model_id.split('/')[-1]}-DPO")
+        args = self._apply_seed_kwargs(args, seed_kwargs)
+        processing_class = processing_class or tokenizer or AutoTokenizer.from_pretrained(model_id)
+        if processing_class.pad_token is None:
+            processing_class.pad_token = processing_class.eos_token
+        model, ref_model = self._load_models(model, ref_model, args, peft_config)
+        self.is_peft_model = _is_peft(model)
+        with PartialState().main_process_first():
+            train_dataset = self._tokenize(train_dataset, "train_dataset", processing_class, args)
+            eval_dataset = self._tokenize(eval_dataset, "eval_dataset", processing_class, args)
+        pad_id = args.padding_value if args.padding_value is not None else processing_class.pad_token_id
+        if data_collator is None:
+            data_collator = DPODataCollator(pad_id, args.label_pad_token_id, args.max_length, args.truncation_mode)
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            compute_metrics=compute_metrics,
+            callbacks=callbacks,
+            optimizers=optimizers,
+        )
+        self.model_accepts_loss_kwargs = False  # compute_loss returns a batch mean; Trainer divides by GA steps
+        self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
+        self.ref_model = ref_model
+        if self.ref_model is not None:
+            self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
+        if args.precompute_ref_log_probs:
+            self._precompute_all()
+        attach_metrics_file(self)
+        if args.sync_ref_model:
+            self.add_callback(SyncRefModelCallback(self))
+
+    # ----------------------------------------------------------------------------------------- setup
+    @staticmethod
+    def _apply_seed_kwargs(args: DPOConfig, seed_kwargs: dict) -> DPOConfig:
+        unknown = sorted(set(seed_kwargs) - set(SEED_ARGS))
+        if unknown:
+            raise TypeError(f"DPOTrainer got unexpected keyword arguments {unknown}; the seed's are {SEED_ARGS}")
+        given = {k: v for k, v in seed_kwargs.items() if v is not None}
+        if not given:
+            return args
+        args = copy.copy(args)
+        for key, value in given.items():
+            setattr(args, key, value)
+        return args
+
+    @staticmethod
+    def _load_models(model, ref_model, args: DPOConfig, peft_config) -> tuple:
+        """(policy, reference or None): loaded, PEFT-wrapped, dropout off."""
+        model = load_causal_lm(model, args.model_init_kwargs)
+        if peft_config is not None:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, peft_config)
+        ref_model = DPOTrainer._build_ref_model(model, ref_model, args)
+        if args.sync_ref_model and ref_model is None:
+            raise ValueError("sync_ref_model=True needs a separate reference model; it cannot be used with PEFT.")
+        if args.disable_dropout:
+            for m in (model, ref_model):
+                if m is not None:
+                    _disable_dropout(m)
+        return model, ref_model
+
+    @staticmethod
+    def _build_ref_model(model, ref_model, args: DPOConfig):
+        """The reference: None when reference-free, under PEFT (adapter disabled) and when precomputing without
+        one (the untrained policy is the reference); else the given model or a frozen copy of the policy."""
+        if args.reference_free:
+            return None
+        if ref_model is not None:
+            ref_model = load_causal_lm(ref_model, args.ref_model_init_kwargs)
+        elif _is_peft(model) or args.precompute_ref_log_probs:
+            return None
+        else:
+            ref_model = copy.deepcopy(model)
+        ref_model.eval()
+        ref_model.requires_grad_(False)
+        return ref_model
+
+    @staticmethod
+    def _tokenize(dataset, name: str, tokenizer, args: DPOConfig):
+        if dataset is None:
+            return None
+        if isinstance(dataset, dict):
+            return {k: DPOTrainer._tokenize(v, f"{name}[{k!r}]", tokenizer, args) for k, v in dataset.items()}
+        if dataset_kind(dataset.column_names, name) == "tokenized":
+            return dataset
+        keep = {"ref_chosen_logps", "ref_rejected_logps"}
+        return dataset.map(
+            tokenize_dpo_row,
+            fn_kwargs={
+                "tokenizer": tokenizer,
+                "max_prompt_length": args.max_prompt_length,
+                "max_completion_length": args.max_completion_length,
+            },
+            remove_columns=[c for c in dataset.column_names if c not in keep],
+            num_proc=args.dataset_num_proc,
+            desc=f"Tokenizing {name}",
+        )
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
+        """As Trainer.evaluate; a dataset passed here is tokenised (and gets reference log-probs when
+        precomputing) like the constructor's."""
+        if eval_dataset is not None and not isinstance(eval_dataset, str):
+            eval_dataset = self._tokenize(eval_dataset, "eval_dataset", self.processing_class, self.args)
+            if self.args.precompute_ref_log_probs:
+                eval_dataset = self._with_ref_columns(eval_dataset)
+        return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+
+    # ----------------------------------------------------------------------------------------- reference
+    @contextmanager
+    def _reference(self):
+        """Yields the model that plays the reference: the ref model, the policy with its adapter disabled
+        (PEFT), or the policy itself (precomputing before any update)."""
+        if self.ref_model is not None:
+            yield self.ref_model
+        elif self.is_peft_model:
+            policy = self.accelerator.unwrap_model(self.model)
+            with policy.disable_adapter():
+                yield policy
+        else:
+            yield self.model
+
+    @torch.no_grad()
+    def compute_ref_log_probs(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Reference sequence log-probs (B,), (B,) of the batch's chosen and rejected completions."""
+        with self._reference() as ref:
+            out = self._forward(ref, batch, with_logits=False)
+        return out["chosen_logps"], out["rejected_logps"]
+
+    def _precompute_all(self) -> None:
+        """Reference log-probs of every train/eval row, computed once, as columns `ref_chosen_logps` and
+        `ref_rejected_logps`; then the reference model is released. Each process scores a shard;
+        `gather_for_metrics` returns all rows in dataset order (dropping the padding duplicates)."""
+        self.train_dataset = self._with_ref_columns(self.train_dataset)
+        if isinstance(self.eval_dataset, dict):
+            self.eval_dataset = {k: self._with_ref_columns(v) for k, v in self.eval_dataset.items()}
+        elif self.eval_dataset is not None:
+            self.eval_dataset = self._with_ref_columns(self.eval_dataset)
+        # Never kept during training. Without a ref_model (and without PEFT) the reference was the untrained
+        # policy, which stays valid only until the first update.
+        self._released_reference = "ref_model" if self.ref_model is not None else "policy"
+        self.ref_model = None
+
+    def _with_ref_columns(self, dataset):
+        if dataset is None or "ref_chosen_logps" in dataset.column_names:
+            return dataset
+        released = getattr(self, "_released_reference", None)
+        if not self.is_peft_model and (released == "ref_model" or (released and self.state.global_step > 0)):
+            raise ValueError(
+                "precompute_ref_log_probs=True released the reference model after scoring the datasets given to "
+                "the constructor, so this new dataset cannot get reference log-probs. Pass it as eval_dataset to "
+                "DPOTrainer, or add columns 'ref_chosen_logps'/'ref_rejected_logps' yourself."
+            )
+        batch_size = self.args.precompute_ref_batch_size or self.args.per_device_eval_batch_size
+        loader = DataLoader(dataset, batch_size=batch_size, collate_fn=self.data_collator, shuffle=False)
+        loader = self.accelerator.prepare(loader)
+        chosen, rejected = [], []
+        for batch in loader:
+            c, r = self.compute_ref_log_probs(batch)
+            c, r = self.accelerator.gather_for_metrics((c, r))
+            chosen.append(c.float().cpu())
+            rejected.append(r.float().cpu())
+        dataset = dataset.add_column("ref_chosen_logps", torch.cat(chosen).tolist())
+        return dataset.add_column("ref_rejected_logps", torch.cat(rejected).tolist())
+
+    # ----------------------------------------------------------------------------------------- forward
+    def concatenated_inputs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Seed API: chosen rows then rejected rows, padded to one width: `concatenated_input_ids`,
+        `concatenated_attention_mask`, `concatenated_labels`, each (2B, L)."""
+        width = max(batch["chosen_input_ids"].shape[1], batch["rejected_input_ids"].shape[1])
+        pad_id = self.data_collator.pad_token_id if hasattr(self.data_collator, "pad_token_id") else 0
+        fills = {"input_ids": pad_id, "attention_mask": 0, "labels": self.args.label_pad_token_id}
+        out = {}
+        for key, fill in fills.items():
+            parts = [batch[f"{side}_{key}"] for side in ("chosen", "rejected")]
+            parts = [nn.functional.pad(p, (0, width - p.shape[1]), value=fill) for p in parts]
+            out[f"concatenated_{key}"] = torch.cat(parts, dim=0)
+        return out
+
+    def concatenated_forward(self, model, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Seed API: one forward on chosen + rejected. Returns (chosen_logps, rejected_logps, chosen_logits,
+        rejected_logits), all (B,): summed completion log-probs and the mean logit over completion tokens
+        (the full (B, T, V) logits are not returned, see docs/dpo.md)."""
+        out = self._forward(model, batch)
+        return out["chosen_logps"], out["rejected_logps"], out["chosen_logits"], out["rejected_logits"]
+
+    def _forward(self, model, batch: dict[str, Tensor], with_logits: bool = True) -> dict[str, Tensor]:
+        """One forward on the 2B concatenated rows -> chosen/rejected `logps` and `lengths` (B,) each, and with
+        `with_logits` the mean completion logits and (use_weighting) WPO log-weights."""
+        c = self.concatenated_inputs(batch)
+        ids, mask, labels = c["concatenated_input_ids"], c["concatenated_attention_mask"], c["concatenated_labels"]
+        if self.args.padding_free:
+            sums = self._packed_sums(model, ids, mask, labels, with_logits)
+        else:
+            sums = self._padded_sums(model, ids, mask, labels, with_logits)
+        n = ids.shape[0] // 2
+        out = {}
+        for key, value in sums.items():
+            out[f"chosen_{key}"], out[f"rejected_{key}"] = value[:n], value[n:]
+        return out
+
+    def _padded_sums(self, model, ids: Tensor, mask: Tensor, labels: Tensor, with_logits: bool) -> dict[str, Tensor]:
+        """Rows (R, L) as they are; only the logits from the first completion position on are computed."""
+        completion = labels != self.args.label_pad_token_id
+        # logits at position t predict token t + 1: keep them from the first completion token - 1 on
+        first = int(completion.float().argmax(1)[completion.any(1)].min()) if completion.any() else 1
+        start = max(first - 1, 0)
+        kwargs = {"logits_to_keep": ids.shape[1] - start} if _accepts_logits_to_keep(model) else {}
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False, **kwargs).logits
+        logits = logits[:, -(ids.shape[1] - start) :][:, :-1]
+        targets, target_mask = labels[:, start + 1 :], completion[:, start + 1 :]
+        return _token_sums(logits, targets, target_mask, None, ids.shape[0], with_logits, self.args.use_weighting)
+
+    def _packed_sums(self, model, ids: Tensor, mask: Tensor, labels: Tensor, with_logits: bool) -> dict[str, Tensor]:
+        """Padding-free: the R rows' real tokens packed into one row, kept apart by position ids restarting at 0
+        and (except under FlashAttention, which reads the position ids) a block-diagonal causal mask: position
+        ids alone do not isolate sequences under sdpa/eager (../shared/notes/trainer-family.md)."""
+        keep = mask.bool()
+        lengths = keep.sum(1)
+        flat_ids, flat_labels = ids[keep], labels[keep].clone()
+        seg = torch.repeat_interleave(torch.arange(len(lengths), device=ids.device), lengths)
+        starts = torch.cumsum(lengths, 0) - lengths
+        flat_labels[starts] = self.args.label_pad_token_id  # never a target of the previous sequence's last token
+        position_ids = (torch.arange(len(flat_ids), device=ids.device) - starts[seg]).unsqueeze(0)
+        kwargs = {"position_ids": position_ids}
+        impl = getattr(_base_model(model).config, "_attn_implementation", "sdpa") or "sdpa"
+        if not impl.startswith("flash"):
+            allowed = (seg[:, None] == seg[None, :]) & torch.ones(len(seg), len(seg), dtype=torch.bool).tril()
+            allowed = allowed.to(ids.device)[None, None]
+            if impl == "eager":  # eager adds the mask to the scores
+                dtype = _base_model(model).dtype
+                allowed = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+            kwargs["attention_mask"] = allowed
+        logits = model(input_ids=flat_ids.unsqueeze(0), use_cache=False, **kwargs).logits[:, :-1]
+        targets = flat_labels[1:].unsqueeze(0)
+        target_mask = targets != self.args.label_pad_token_id
+        return _token_sums(logits, targets, target_mask, seg[1:], len(lengths), with_logits, self.args.use_weighting)
+
+    # ----------------------------------------------------------------------------------------- loss
+    def dpo_loss(
+        self,
+        policy_chosen_logps: Tensor,
+        policy_rejected_logps: Tensor,
+        reference_chosen_logps: Tensor,
+        reference_rejected_logps: Tensor,
+        reference_free: bool = False,
+        chosen_lengths: Tensor | None = None,
+        rejected_lengths: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Seed API: (losses (B,), chosen_rewards (B,), rejected_rewards (B,)) under the configured loss_type(s).
+        Without lengths, length-normalised losses (ipo, sigmoid_norm, sft) take the log-probs as given."""
+        if reference_free:
+            reference_chosen_logps = torch.zeros_like(policy_chosen_logps)
+            reference_rejected_logps = torch.zeros_like(policy_rejected_logps)
+        ones = torch.ones_like(policy_chosen_logps)
+        pairs = PairLogps(
+            policy_chosen_logps,
+            policy_rejected_logps,
+            reference_chosen_logps,
+            reference_rejected_logps,
+            chosen_lengths if chosen_lengths is not None else ones,
+            rejected_lengths if rejected_lengths is not None else ones,
+        )
+        losses, self._last_loss_parts = dpo_losses(
+            self.args.loss_type, pairs, self.args.beta, self.args.loss_weights, **self._loss_options()
+        )
+        chosen_rewards, rejected_rewards = implicit_rewards(pairs, self.args.beta)
+        return losses, chosen_rewards, rejected_rewards
+
+    def _loss_options(self) -> dict:
+        a = self.args
+        return {
+            "label_smoothing": a.label_smoothing,
+            "f_divergence_type": a.f_divergence_type,
+            "f_alpha_divergence_coef": a.f_alpha_divergence_coef,
+            "discopop_tau": a.discopop_tau,
+        }
+
+    def get_batch_loss_metrics(self, model, batch: dict[str, Tensor], train_eval: str = "train"):
+        """Seed API: the batch's mean loss, and records its metrics under `train_eval`."""
+        out = self._forward(model, batch)
+        if "ref_chosen_logps" in batch:
+            ref_c, ref_r = batch["ref_chosen_logps"], batch["ref_rejected_logps"]
+        elif self.args.reference_free:
+            ref_c, ref_r = torch.zeros_like(out["chosen_logps"]), torch.zeros_like(out["rejected_logps"])
+        else:
+            ref_c, ref_r = self.compute_ref_log_probs(batch)
+        losses, chosen_rewards, rejected_rewards = self.dpo_loss(
+            out["chosen_logps"],
+            out["rejected_logps"],
+            ref_c.to(out["chosen_logps"].dtype),
+            ref_r.to(out["rejected_logps"].dtype),
+            self.args.reference_free,
+            out["chosen_lengths"],
+            out["rejected_lengths"],
+        )
+        if self.args.rpo_alpha is not None:  # RPO: NLL of the chosen completion, mean over its tokens
+            losses = losses + self.args.rpo_alpha * (-out["chosen_logps"] / out["chosen_lengths"].clamp(min=1))
+        if self.args.use_weighting:
+            losses = losses * wpo_weights(out["chosen_wpo"], out["rejected_wpo"])
+        self._record_metrics(train_eval, out, chosen_rewards, rejected_rewards, losses)
+        return losses.mean(), {}
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss, metrics = self.get_batch_loss_metrics(model, inputs, "train" if model.training else "eval")
+        return (loss, metrics) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss, _ = self.get_batch_loss_metrics(model, inputs, "eval")
+        return loss.detach(), None, None
+
+    # ----------------------------------------------------------------------------------------- checkpoints
+    def _extra_state(self) -> dict:
+        """TR-DPO's reference changes during training: it goes into the checkpoint."""
+        if not self.args.sync_ref_model:
+            return {}
+        return {"ref_model": self.accelerator.unwrap_model(self.ref_model).state_dict()}
+
+    def _load_extra_state(self, state: dict) -> None:
+        if self.args.sync_ref_model:
+            if "ref_model" not in state:
+                raise ValueError("The checkpoint was not saved with sync_ref_model=True: it has no TR-DPO reference.")
+            self.accelerator.unwrap_model(self.ref_model).load_state_dict(state["ref_model"])
+
+    # ----------------------------------------------------------------------------------------- metrics
+    def _record_metrics(self, mode: str, out: dict, chosen_rewards, rejected_rewards, losses) -> None:
+        values = {
+            "rewards/chosen": chosen_rewards,
+            "rewards/rejected": rejected_rewards,
+            "rewards/accuracies": (chosen_rewards > rejected_rewards).float(),
+            "rewards/margins": chosen_rewards - rejected_rewards,
+            "logps/chosen": out["chosen_logps"].detach(),
+            "logps/rejected": out["rejected_logps"].detach(),
+            "logits/chosen": out["chosen_logits"],
+            "logits/rejected": out["rejected_logits"],
+        }
+        if len(self.args.loss_type) > 1:
+            values.update({f"loss/{name}": part.detach() for name, part in self._last_loss_parts.items()})
+        keys = list(values)
+        stacked = torch.stack([values[k].float() for k in keys], dim=1)  # (B, K): one gather for all
+        stacked = self.accelerator.gather_for_metrics(stacked)
+        for key, column in zip(keys, stacked.mean(0).tolist()):
+            self._metrics[mode][key].append(column)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "eval" if any(k.startswith("eval_") for k in logs) else "train"
+        prefix = "eval_" if mode == "eval" else ""
+        logs.update({prefix + k: sum(v) / len(v) for k, v in self._metrics[mode].items() if v})
+        self._metrics[mode].clear()
+        super().log(logs, start_time)
+
+
+def _base_model(model):
+    """The transformers model under DDP and PEFT wrappers."""
+    while hasattr(model, "module"):  # DDP
+        model = model.module
+    return model.get_base_model() if _is_peft(model) else model
+
+
+def _accepts_logits_to_keep(model) -> bool:
+    return "logits_to_keep" in inspect.signature(_base_model(model).forward).parameters
+
+
+def _token_sums(
+    logits: Tensor,
+    targets: Tensor,
+    target_mask: Tensor,
+    segments: Tensor | None,
+    num_rows: int,
+    with_logits: bool,
+    with_wpo: bool,
+) -> dict[str, Tensor]:
+    """Per-sequence sums over completion tokens. logits (R', T, V) aligned with targets/target_mask (R', T);
+    `segments` (T,) maps the tokens of a packed row (R' = 1) to their sequence, None when R' == num_rows.
+    Returns logps, lengths (and logits = mean logit, wpo = WPO log-weight), each (num_rows,)."""
+
+    def per_row(values: Tensor) -> Tensor:
+        values = values * target_mask
+        if segments is None:
+            return values.sum(1)
+        return torch.zeros(num_rows, dtype=values.dtype, device=values.device).index_add(0, segments, values[0])
+
+    out = {"logps": per_row(selective_log_softmax(logits, targets.clamp(min=0)))}
+    out["lengths"] = per_row(torch.ones_like(targets, dtype=out["logps"].dtype)).round().long()
+    if with_logits:
+        with torch.no_grad():
+            count = out["lengths"].clamp(min=1)
+            out["logits"] = per_row(logits.detach().float().mean(-1)) / count
+            if with_wpo:
+                out["wpo"] = per_row(wpo_token_terms(logits.detach(), targets.clamp(min=0))) / count
+    return out

@@ -1,0 +1,82 @@
+"""Checks on what a GRPO trainer is given, run at construction: every problem that would otherwise surface
+mid-training (or train 0 steps in silence) is a `ValueError` naming the value and the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def check_datasets(args, train_dataset, eval_dataset, reward_funcs) -> None:
+    """Train and eval datasets against the config and the columns the reward functions read."""
+    if train_dataset is None:
+        raise ValueError("train_dataset is required: GRPOTrainer samples its prompts from it (as in TRL).")
+    _check_prompts("train_dataset", train_dataset)
+    _check_required_columns("train_dataset", train_dataset, reward_funcs.columns_required())
+    reward_columns = reward_funcs.columns_used()
+    needed = args.generation_batch_size // args.num_generations
+    if hasattr(train_dataset, "__len__") and len(train_dataset) < needed:
+        raise ValueError(
+            f"train_dataset has {len(train_dataset)} prompts but one generation batch needs {needed} distinct "
+            f"prompts (generation_batch_size {args.generation_batch_size} / num_generations "
+            f"{args.num_generations}), so training would run 0 steps. Add prompts, or lower "
+            "per_device_train_batch_size / steps_per_generation / gradient_accumulation_steps."
+        )
+    if eval_dataset is None:
+        return
+    for name, ds in _named(eval_dataset):
+        _check_prompts(name, ds)
+        _check_required_columns(name, ds, reward_funcs.columns_required())
+        missing = sorted(reward_columns & set(_columns(train_dataset) or ()) - set(_columns(ds) or reward_columns))
+        if missing:
+            raise ValueError(
+                f"{name} lacks the column(s) {missing} that the reward functions read (train_dataset has them); "
+                "evaluation would fail at its first batch. Add them to the eval dataset."
+            )
+
+
+def _check_required_columns(name: str, dataset, required: dict[str, set[str]]) -> None:
+    columns = _columns(dataset)
+    if columns is None:
+        return
+    for func, needed in required.items():
+        missing = sorted(needed - set(columns))
+        if missing:
+            raise ValueError(
+                f"Reward function {func!r} needs the column(s) {missing}, which {name} lacks (columns: {columns}). "
+                "Add them, or rename yours (e.g. dataset.rename_column('solution', 'answer'))."
+            )
+
+
+def _named(dataset) -> list[tuple[str, Any]]:
+    if isinstance(dataset, dict):
+        return [(f"eval_dataset[{key!r}]", ds) for key, ds in dataset.items()]
+    return [("eval_dataset", dataset)]
+
+
+def _columns(dataset) -> list[str] | None:
+    return getattr(dataset, "column_names", None)
+
+
+def _check_prompts(name: str, dataset) -> None:
+    columns = _columns(dataset)
+    if columns is not None and "prompt" not in columns:
+        raise ValueError(
+            f"{name} has no 'prompt' column (columns: {columns}). GRPO reads prompts from 'prompt': rename "
+            "your column, e.g. dataset.rename_column('question', 'prompt')."
+        )
+    if hasattr(dataset, "__len__") and len(dataset) == 0:
+        raise ValueError(f"{name} is empty: it has no prompts to generate from.")
+    if columns is None or not hasattr(dataset, "__len__"):
+        return  # streaming datasets: prompts are checked batch by batch (check_prompt_batch)
+    check_prompt_batch(dataset["prompt"], name)
+
+
+def check_prompt_batch(prompts: list, where: str) -> None:
+    """Empty prompts would crash inside `generate`: name the first one instead."""
+    for i, prompt in enumerate(prompts):
+        empty = not prompt.strip() if isinstance(prompt, str) else not prompt
+        if empty:
+            raise ValueError(
+                f"{where} has an empty prompt at row {i} ({prompt!r}); generation needs at least one token. "
+                "Drop such rows, e.g. dataset.filter(lambda row: len(row['prompt']) > 0)."
+            )

@@ -1,0 +1,221 @@
+"""A causal LM with a scalar value head (the seed's `AutoModelForCausalLMWithValueHead`) and reference models.
+
+The head is dropout + ``Linear(hidden_size, 1)`` on the last hidden state, one value per position. On disk the
+head's weights sit in the model's own safetensors state dict under ``v_head.*``; a plain ``AutoModelForCausalLM``
+loading the same folder ignores them (transformers reports them as unexpected keys). With PEFT (LoRA on the
+policy) ``save_pretrained`` writes the adapter plus ``value_head.safetensors``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+
+from replayrl.models.loading import load_causal_lm
+
+HEAD_PREFIX = "v_head."
+PEFT_HEAD_FILE = "value_head.safetensors"
+_HEAD_KWARGS = ("summary_dropout_prob", "v_head_init_strategy", "v_head_initializer_range")
+
+
+class ValueHead(nn.Module):
+    """Dropout then ``Linear(hidden_size, 1)``: ``(B, T, H)`` -> ``(B, T)`` in float32."""
+
+    def __init__(self, hidden_size: int, summary_dropout_prob: float = 0.1):
+        super().__init__()
+        self.dropout = nn.Dropout(summary_dropout_prob) if summary_dropout_prob else nn.Identity()
+        self.summary = nn.Linear(hidden_size, 1)
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        output = self.dropout(hidden_states)
+        return self.summary(output.to(self.summary.weight.dtype)).squeeze(-1).float()
+
+
+def _hidden_size(config) -> int:
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for name in ("hidden_size", "word_embed_proj_dim", "d_model", "n_embd"):
+        if getattr(config, name, None):
+            return int(getattr(config, name))
+    raise ValueError(f"cannot find the hidden size in {type(config).__name__}; expected `hidden_size` or similar")
+
+
+class AutoModelForCausalLMWithValueHead(nn.Module):
+    """``pretrained_model`` (a causal LM, or a PEFT model around one) plus ``v_head``.
+
+    ``forward`` returns ``(lm_logits (B, T, V) float32, loss or None, value (B, T))`` like the seed;
+    ``generate`` is the language model's.
+    """
+
+    supports_gradient_checkpointing = True
+
+    def __init__(
+        self,
+        pretrained_model: PreTrainedModel,
+        summary_dropout_prob: float | None = None,
+        v_head_init_strategy: str | None = None,
+        v_head_initializer_range: float = 0.2,
+    ):
+        super().__init__()
+        self.pretrained_model = pretrained_model
+        self.is_peft_model = hasattr(pretrained_model, "peft_config") and hasattr(pretrained_model, "disable_adapter")
+        config = self.config
+        if summary_dropout_prob is None:
+            summary_dropout_prob = getattr(config, "summary_dropout_prob", 0.1)
+        self.v_head = ValueHead(_hidden_size(config), summary_dropout_prob)
+        if v_head_init_strategy == "normal":
+            self.v_head.summary.weight.data.normal_(mean=0.0, std=v_head_initializer_range)
+            self.v_head.summary.bias.data.zero_()
+        elif v_head_init_strategy is not None:
+            raise ValueError(f"unknown v_head_init_strategy {v_head_init_strategy!r}; use None or 'normal'")
+        self.v_head.to(next(pretrained_model.parameters()).device)
+
+    # ------------------------------------------------------------------------------------------ construction
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, peft_config=None, **kwargs):
+        """From a name/path (``v_head.*`` weights loaded when the folder has them) or a model object.
+
+        Head kwargs: ``summary_dropout_prob``, ``v_head_init_strategy`` (None or "normal"),
+        ``v_head_initializer_range``; the rest go to ``AutoModelForCausalLM.from_pretrained``. ``peft_config``
+        wraps the language model with ``peft.get_peft_model`` (LoRA on the policy; the head stays trainable).
+        """
+        head_kwargs = {k: kwargs.pop(k) for k in _HEAD_KWARGS if k in kwargs}
+        if isinstance(pretrained_model_name_or_path, cls):
+            return pretrained_model_name_or_path
+        is_path = isinstance(pretrained_model_name_or_path, (str, Path))
+        if is_path and (Path(pretrained_model_name_or_path) / "adapter_config.json").is_file():
+            base = _load_peft(Path(pretrained_model_name_or_path), kwargs)
+        elif is_path:
+            base = load_causal_lm(str(pretrained_model_name_or_path), kwargs or None)
+        else:
+            base = pretrained_model_name_or_path
+        if peft_config is not None:
+            try:
+                from peft import get_peft_model
+            except ImportError as err:
+                raise ImportError("peft_config needs peft: pip install replayrl[peft]") from err
+            base = get_peft_model(base, peft_config)
+        model = cls(base, **head_kwargs)
+        if is_path:
+            state = _read_head_state(Path(pretrained_model_name_or_path))
+            if state:
+                model.v_head.load_state_dict(state)
+        return model
+
+    def save_pretrained(self, save_directory, **kwargs) -> None:
+        """The language model's folder with the head added under ``v_head.*`` (PEFT: adapter + head file)."""
+        from safetensors.torch import save_file
+
+        head = {HEAD_PREFIX + k: v.detach().contiguous().cpu() for k, v in self.v_head.state_dict().items()}
+        if self.is_peft_model:
+            self.pretrained_model.save_pretrained(save_directory, **kwargs)
+            save_file(head, str(Path(save_directory) / PEFT_HEAD_FILE), metadata={"format": "pt"})
+            return
+        state_dict = kwargs.pop("state_dict", None) or self.pretrained_model.state_dict()
+        self.pretrained_model.save_pretrained(save_directory, state_dict={**state_dict, **head}, **kwargs)
+
+    # ------------------------------------------------------------------------------------------ model API
+    @property
+    def config(self):
+        return self.pretrained_model.config
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def generation_config(self):
+        return self.pretrained_model.generation_config
+
+    def forward(self, input_ids=None, past_key_values=None, attention_mask=None, return_past_key_values=False, **kw):
+        kw["output_hidden_states"] = True
+        out = self.pretrained_model(
+            input_ids=input_ids, past_key_values=past_key_values, attention_mask=attention_mask, **kw
+        )
+        value = self.v_head(out.hidden_states[-1])
+        lm_logits = out.logits.float()
+        if return_past_key_values:
+            return lm_logits, out.loss, value, out.past_key_values
+        return lm_logits, out.loss, value
+
+    def generate(self, *args, **kwargs):
+        return self.pretrained_model.generate(*args, **kwargs)
+
+    def gradient_checkpointing_enable(self, **kwargs) -> None:
+        self.pretrained_model.gradient_checkpointing_enable(**kwargs)
+
+    def post_init(self, state_dict: dict) -> None:
+        """The seed's hook: load ``v_head.*`` entries of ``state_dict`` into the head."""
+        head = {k.removeprefix(HEAD_PREFIX): v for k, v in state_dict.items() if k.startswith(HEAD_PREFIX)}
+        self.v_head.load_state_dict(head)
+
+
+def _load_peft(folder: Path, kwargs: dict):
+    """A PEFT adapter folder (written by `save_pretrained` of a PEFT value-head model): base model + adapter,
+    trainable."""
+    try:
+        from peft import PeftConfig, PeftModel
+    except ImportError as err:
+        raise ImportError(f"{folder} holds a PEFT adapter; loading it needs peft: pip install replayrl[peft]") from err
+    base = load_causal_lm(PeftConfig.from_pretrained(str(folder)).base_model_name_or_path, kwargs or None)
+    return PeftModel.from_pretrained(base, str(folder), is_trainable=True)
+
+
+def _read_head_state(folder: Path) -> dict[str, Tensor]:
+    """``v_head.*`` tensors from a folder's safetensors (single file, sharded, or the PEFT head file)."""
+    from safetensors import safe_open
+
+    if (folder / PEFT_HEAD_FILE).is_file():
+        files = [folder / PEFT_HEAD_FILE]
+    elif (folder / "model.safetensors.index.json").is_file():
+        index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+        files = sorted({folder / f for k, f in index.items() if k.startswith(HEAD_PREFIX)})
+    else:
+        files = [folder / "model.safetensors"] if (folder / "model.safetensors").is_file() else []
+    state = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                if key.startswith(HEAD_PREFIX):
+                    state[key.removeprefix(HEAD_PREFIX)] = f.get_tensor(key)
+    return state
+
+
+def create_reference_model(model, num_shared_layers: int | None = None, pattern: str | None = None):
+    """A frozen copy of ``model`` (value-head wrapper or plain LM) for the KL penalty, in eval mode.
+
+    With ``num_shared_layers=k`` the embeddings and the first ``k`` transformer blocks are not copied: the
+    reference uses the policy's own tensors, and those are frozen in the policy too (as the seed), which saves
+    memory and compute. ``pattern`` is accepted for the seed's signature; layers are found as the model's
+    largest ``nn.ModuleList``.
+    """
+    del pattern
+    ref = copy.deepcopy(model)
+    if num_shared_layers is not None:
+        _share_layers(model, ref, num_shared_layers)
+    for param in ref.parameters():
+        param.requires_grad_(False)
+    return ref.eval()
+
+
+def _share_layers(model: nn.Module, ref: nn.Module, num_shared_layers: int) -> None:
+    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList)]
+    if not lists:
+        raise ValueError("num_shared_layers: the model has no nn.ModuleList of transformer blocks to share")
+    layers_name, layers = max(lists, key=lambda item: len(item[1]))
+    if not 0 <= num_shared_layers <= len(layers):
+        raise ValueError(f"num_shared_layers={num_shared_layers} but the model has {len(layers)} layers")
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if embeddings is None and hasattr(model, "pretrained_model"):
+        embeddings = model.pretrained_model.get_input_embeddings()
+    shared = [f"{layers_name}.{i}." for i in range(num_shared_layers)]
+    embedding_ids = {id(p) for p in embeddings.parameters()} if embeddings is not None else set()
+    for name, param in model.named_parameters():
+        if id(param) in embedding_ids or any(name.startswith(prefix) for prefix in shared):
+            module_name, _, attr = name.rpartition(".")
+            ref.get_submodule(module_name)._parameters[attr] = param
+            param.requires_grad_(False)

@@ -1,0 +1,115 @@
+"""PPO checkpoints: ``output_dir/checkpoint-N/`` holds the model (value head under ``v_head.*``, loadable with
+`AutoModelForCausalLMWithValueHead.from_pretrained`), the tokenizer, and per process the extra state (optimizer,
+LR scheduler, KL controller, score statistics, RNG streams, step) through `replayrl.checkpoints`: no pickle,
+atomic files, a completeness marker written last. Resuming from one continues exactly as the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from replayrl.checkpoints import check_settings, load_extra_state, mark_complete, save_extra_state
+
+STATE_NAME = "ppo_state_rank{rank}"
+
+
+def settings(trainer) -> dict:
+    """What the saved state depends on; a resume with other values is refused."""
+    config = trainer.config
+    return {
+        "trainer": "PPOTrainer",
+        "batch_size": config.batch_size,
+        "mini_batch_size": config.mini_batch_size,
+        "world_size": trainer.accelerator.num_processes,
+        "seed": config.seed,
+    }
+
+
+def rng_state() -> dict:
+    numpy_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1].astype(np.int64)), *numpy_state[2:]],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(trainer, output_dir: str | Path, step: int) -> Path:
+    """Write ``output_dir/checkpoint-{step}`` (all processes call this)."""
+    accelerator = trainer.accelerator
+    directory = Path(output_dir) / f"checkpoint-{step}"
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(trainer.model).save_pretrained(directory)
+        trainer.tokenizer.save_pretrained(directory)
+    state = {
+        "step": step,
+        "optimizer": trainer.optimizer.state_dict(),
+        "lr_scheduler": trainer.lr_scheduler.state_dict() if trainer.lr_scheduler is not None else None,
+        "kl_ctl": trainer.kl_ctl.state_dict(),
+        "running": trainer.running.state_dict(),
+        "shuffle_generator": trainer.shuffle_generator.get_state(),
+        "rng": rng_state(),
+    }
+    save_extra_state(directory, STATE_NAME.format(rank=accelerator.process_index), state)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        mark_complete(directory, settings(trainer))
+    accelerator.wait_for_everyone()
+    return directory
+
+
+def load_checkpoint(trainer, directory: Path) -> int:
+    """Restore everything `save_checkpoint` wrote; returns the step to continue from."""
+    check_settings(directory, settings(trainer), adaptable=set())
+    _load_model_weights(trainer.accelerator.unwrap_model(trainer.model), directory)
+    state = load_extra_state(directory, STATE_NAME.format(rank=trainer.accelerator.process_index))
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    if trainer.lr_scheduler is not None and state["lr_scheduler"] is not None:
+        trainer.lr_scheduler.load_state_dict(state["lr_scheduler"])
+    trainer.kl_ctl.load_state_dict(state["kl_ctl"])
+    trainer.running.load_state_dict(state["running"])
+    trainer.shuffle_generator.set_state(state["shuffle_generator"])
+    set_rng_state(state["rng"])
+    trainer.current_step = int(state["step"])
+    return int(state["step"])
+
+
+@torch.no_grad()
+def _load_model_weights(model, directory: Path) -> None:
+    """Weights saved by `AutoModelForCausalLMWithValueHead.save_pretrained` back into ``model`` in place."""
+    from safetensors.torch import load_file
+
+    from replayrl.models.value_head import HEAD_PREFIX, PEFT_HEAD_FILE
+
+    if model.is_peft_model:
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model.pretrained_model, load_file(str(directory / "adapter_model.safetensors")))
+        state = load_file(str(directory / PEFT_HEAD_FILE))
+    else:
+        files = sorted(directory.glob("model*.safetensors"))
+        state = {k: v for f in files for k, v in load_file(str(f)).items()}
+        base = {k: v for k, v in state.items() if not k.startswith(HEAD_PREFIX)}
+        missing, unexpected = model.pretrained_model.load_state_dict(base, strict=False)
+        tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+        if set(missing) - tied or unexpected:
+            raise ValueError(f"checkpoint {directory} does not match the model: missing {missing}, extra {unexpected}")
+    head = {k.removeprefix(HEAD_PREFIX): v for k, v in state.items() if k.startswith(HEAD_PREFIX)}
+    model.v_head.load_state_dict(head)

@@ -1,0 +1,229 @@
+"""`RewardTrainer`: a scalar reward model trained on preference pairs (Bradley-Terry), on `transformers.Trainer`.
+
+What runs, per batch of pairs: chosen and rejected sequences (prompt + completion) concatenated into one
+forward of an `AutoModelForSequenceClassification` with `num_labels=1`; the reward of a sequence is the head's
+value at its last non-pad token (transformers' pooling, which reads `model.config.pad_token_id`, hence the
+check below); loss = -log sigmoid(r_c - r_r - margin) [+ c * mean((r_c + r_r)^2)] (replayrl.algos.preference).
+Metrics: loss, accuracy (r_c > r_r; ties count as wrong), margin, min/mean/max reward, num_tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+import numpy as np
+import torch
+from accelerate import PartialState
+from torch import Tensor, nn
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    EvalPrediction,
+    PreTrainedModel,
+    Trainer,
+    TrainerCallback,
+)
+
+from replayrl.algos.preference import bradley_terry_loss, pairwise_accuracy
+from replayrl.checkpoints import SafeCheckpointsMixin
+from replayrl.data.preference import RewardDataCollatorWithPadding, dataset_kind, tokenize_reward_row
+from replayrl.metrics.callback import attach_metrics_file
+from replayrl.reward.config import RewardConfig
+
+logger = logging.getLogger(__name__)
+
+
+def compute_accuracy(eval_pred: EvalPrediction) -> dict[str, float]:
+    """Seed API: predictions (N, 2) = [r_chosen, r_rejected] -> {"accuracy": fraction with r_c > r_r}.
+    Ties count as wrong (the seed's argmax counted them as right; a constant model would score 1.0)."""
+    predictions = np.asarray(eval_pred.predictions)
+    return {"accuracy": float((predictions[:, 0] > predictions[:, 1]).mean())}
+
+
+def _disable_dropout(model: nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+
+
+def _load_reward_model(model, init_kwargs: dict | None) -> PreTrainedModel:
+    if not isinstance(model, str):
+        return model
+    try:
+        return AutoModelForSequenceClassification.from_pretrained(model, num_labels=1, **(init_kwargs or {}))
+    except OSError as err:
+        raise ValueError(f"Could not load reward model {model!r}: {err}. Pass a local save_pretrained path.") from err
+
+
+def check_pad_token(model: PreTrainedModel, tokenizer) -> int:
+    """The pad id the head pools with. Unset on the model config, the head cannot find the last real token (and
+    accuracy sits at 0.5): take the tokenizer's, or raise."""
+    if model.config.pad_token_id is None:
+        if tokenizer is None or tokenizer.pad_token_id is None:
+            raise ValueError(
+                "model.config.pad_token_id is not set and the tokenizer has no pad token, so the reward head "
+                "cannot find each sequence's last token. Set tokenizer.pad_token (e.g. to the EOS token) and "
+                "model.config.pad_token_id = tokenizer.pad_token_id."
+            )
+        model.config.pad_token_id = tokenizer.pad_token_id
+        logger.info("model.config.pad_token_id was unset; set it to the tokenizer's (%d).", tokenizer.pad_token_id)
+    return model.config.pad_token_id
+
+
+class RewardTrainer(SafeCheckpointsMixin, Trainer):
+    """TRL-compatible reward trainer; also takes the seed's pre-tokenized columns, `tokenizer=` and
+    `max_length=`."""
+
+    _tag_names = ["trl", "reward-trainer", "replayrl"]
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        args: RewardConfig | None = None,
+        data_collator=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        compute_metrics=None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: tuple = (None, None),
+        preprocess_logits_for_metrics=None,
+        peft_config=None,
+        tokenizer=None,
+        max_length: int | None = None,
+    ):
+        model_id = model if isinstance(model, str) else model.config._name_or_path
+        args = args if args is not None else RewardConfig(output_dir=f"{model_id.split('/')[-1]}-Reward")
+        if max_length is not None:
+            args.max_length = max_length
+        model = _load_reward_model(model, args.model_init_kwargs)
+        if getattr(model.config, "num_labels", 1) != 1:
+            raise ValueError(f"the reward model must have num_labels=1 (got {model.config.num_labels}).")
+        processing_class = processing_class or tokenizer
+        if processing_class is None and isinstance(model_id, str) and model_id:
+            processing_class = AutoTokenizer.from_pretrained(model_id)
+        pad_id = check_pad_token(model, processing_class)
+        if peft_config is not None:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, peft_config)
+        if args.disable_dropout:
+            _disable_dropout(model)
+        with PartialState().main_process_first():
+            train_dataset = self._prepare(train_dataset, "train_dataset", processing_class, args)
+            eval_dataset = self._prepare(eval_dataset, "eval_dataset", processing_class, args)
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator or RewardDataCollatorWithPadding(pad_id),
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            compute_metrics=compute_metrics or compute_accuracy,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+        )
+        self.model_accepts_loss_kwargs = False
+        self.pad_token_id = pad_id
+        self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
+        self._total_tokens = 0
+        attach_metrics_file(self)
+
+    @staticmethod
+    def _prepare(dataset, name: str, tokenizer, args: RewardConfig):
+        """Tokenise text/conversational pairs into the seed's columns (pre-tokenized data passes through), then
+        drop pairs longer than max_length (as TRL: truncating would cut off what tells the pair apart)."""
+        if dataset is None:
+            return None
+        if isinstance(dataset, dict):
+            return {k: RewardTrainer._prepare(v, f"{name}[{k!r}]", tokenizer, args) for k, v in dataset.items()}
+        if dataset_kind(dataset.column_names, name, allow_pretokenized=True) == "preference":
+            if tokenizer is None:
+                raise ValueError(f"{name} holds text: pass processing_class (the tokenizer) to tokenise it.")
+            dataset = dataset.map(
+                tokenize_reward_row,
+                fn_kwargs={"tokenizer": tokenizer, "append_eos": args.append_eos},
+                remove_columns=[c for c in dataset.column_names if c != "margin"],
+                num_proc=args.dataset_num_proc,
+                desc=f"Tokenizing {name}",
+            )
+        if args.max_length is not None:
+            n = len(dataset)
+            limit = args.max_length
+            dataset = dataset.filter(
+                lambda x: len(x["input_ids_chosen"]) <= limit and len(x["input_ids_rejected"]) <= limit,
+                desc=f"Dropping {name} pairs longer than max_length",
+            )
+            if len(dataset) == 0:
+                raise ValueError(f"every pair of {name} is longer than max_length={limit}: raise max_length.")
+            if len(dataset) < n:
+                logger.warning("%s: dropped %d of %d pairs longer than max_length=%d", name, n - len(dataset), n, limit)
+        return dataset
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
+        """As Trainer.evaluate; a dataset passed here is tokenised like the constructor's."""
+        if eval_dataset is not None:
+            eval_dataset = self._prepare(eval_dataset, "eval_dataset", self.processing_class, self.args)
+        return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+
+    # ----------------------------------------------------------------------------------------- loss
+    def rewards(self, model, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """One forward on chosen and rejected rows together -> rewards (B,), (B,)."""
+        width = max(batch["input_ids_chosen"].shape[1], batch["input_ids_rejected"].shape[1])
+
+        def both(key: str, fill: int) -> Tensor:
+            parts = [batch[f"{key}_{side}"] for side in ("chosen", "rejected")]
+            return torch.cat([nn.functional.pad(p, (0, width - p.shape[1]), value=fill) for p in parts])
+
+        ids, mask = both("input_ids", self.pad_token_id), both("attention_mask", 0)
+        scores = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.squeeze(-1)
+        n = batch["input_ids_chosen"].shape[0]
+        return scores[:n], scores[n:]
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        mode = "train" if model.training else "eval"
+        chosen, rejected = self.rewards(model, inputs)
+        loss = bradley_terry_loss(chosen, rejected, inputs.get("margin"), self.args.center_rewards_coefficient)
+        self._record_metrics(mode, inputs, chosen.detach(), rejected.detach())
+        if return_outputs:
+            return loss, {"rewards_chosen": chosen, "rewards_rejected": rejected}
+        return loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss, out = self.compute_loss(model, inputs, return_outputs=True)
+        if prediction_loss_only:
+            return loss.detach(), None, None
+        logits = torch.stack([out["rewards_chosen"], out["rewards_rejected"]], dim=1)  # (B, 2)
+        return loss.detach(), logits, torch.zeros(logits.shape[0], device=logits.device)
+
+    # ----------------------------------------------------------------------------------------- metrics
+    def _record_metrics(self, mode: str, batch: dict, chosen: Tensor, rejected: Tensor) -> None:
+        gathered = self.accelerator.gather_for_metrics(torch.stack([chosen, rejected], dim=1).float())
+        c, r = gathered[:, 0], gathered[:, 1]
+        metrics = self._metrics[mode]
+        metrics["accuracy"].append(pairwise_accuracy(c, r).item())
+        metrics["margin"].append((c - r).mean().item())
+        both = gathered.flatten()
+        metrics["rewards/mean"].append(both.mean().item())
+        metrics["rewards/min"].append(both.min().item())
+        metrics["rewards/max"].append(both.max().item())
+        if mode == "train":
+            tokens = batch["attention_mask_chosen"].sum() + batch["attention_mask_rejected"].sum()
+            self._total_tokens += int(self.accelerator.gather(tokens.reshape(1)).sum())
+            metrics["num_tokens"] = [float(self._total_tokens)]
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "eval" if any(k.startswith("eval_") for k in logs) else "train"
+        prefix = "eval_" if mode == "eval" else ""
+        values = {k: v for k, v in self._metrics[mode].items() if v}
+        merged = {k: sum(v) / len(v) for k, v in values.items() if k not in ("rewards/min", "rewards/max")}
+        if values.get("rewards/min"):
+            merged["rewards/min"], merged["rewards/max"] = min(values["rewards/min"]), max(values["rewards/max"])
+        # the batch-averaged accuracy must not overwrite compute_metrics' eval_accuracy over the whole set
+        logs.update({prefix + k: v for k, v in merged.items() if prefix + k not in logs})
+        self._metrics[mode].clear()
+        super().log(logs, start_time)

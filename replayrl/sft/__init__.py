@@ -1,0 +1,7 @@
+"""Supervised fine-tuning: `SFTConfig` and `SFTTrainer` (current TRL API, the seed's names accepted)."""
+
+from replayrl._lazy import lazy_exports
+
+_EXPORTS = {"SFTConfig": "replayrl.sft.config", "SFTTrainer": "replayrl.sft.trainer"}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

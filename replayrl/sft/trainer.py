@@ -1,0 +1,270 @@
+"""`SFTTrainer`: supervised fine-tuning on `transformers.Trainer`, with current TRL's API and the seed's names.
+
+One step, as data flows:
+  dataset -> format detected (`replayrl.data.formats`) -> tokenised, EOS once, masks, truncated
+  (`replayrl.data.sft`) -> optionally packed best-fit-decreasing (`replayrl.data.packing`) -> collated with
+  labels (-100 = no loss) and, for packed rows, a block-diagonal mask (`replayrl.data.collators`)
+  -> logits -> per-token loss (`nll` or `dft`, `replayrl.algos.sft`) summed over the trained tokens and divided by
+  the trained-token count of the whole accumulated batch (`num_items_in_batch`: every gradient-accumulation
+  micro-batch and, with `average_tokens_across_devices`, every process), so the update does not depend on how the
+  batch is split.
+Metrics: loss, mean_token_accuracy, entropy (token-weighted over the logging window, no autograd), num_tokens
+(input tokens seen so far, all processes).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
+
+from replayrl.algos.logprobs import selective_log_softmax
+from replayrl.algos.sft import sft_token_loss, token_sum_loss, trained_token_stats
+from replayrl.checkpoints import SafeCheckpointsMixin
+from replayrl.data.collators import IGNORE_INDEX, SFTDataCollator
+from replayrl.data.formats import check_sft_format, dataset_format
+from replayrl.data.sft import (
+    SFTTokenizeSettings,
+    apply_formatting_func,
+    check_chat_template,
+    load_chat_template,
+    prepare_sft_dataset,
+    resolve_eos_token_id,
+)
+from replayrl.metrics.callback import attach_metrics_file
+from replayrl.models.loading import load_causal_lm
+from replayrl.sft.config import SFTConfig
+
+# Seed (TRL 0.7) constructor arguments that are now SFTConfig fields: name -> config field.
+SEED_CONFIG_KWARGS = {
+    "dataset_text_field": "dataset_text_field",
+    "packing": "packing",
+    "max_seq_length": "max_length",
+    "dataset_num_proc": "dataset_num_proc",
+}
+# Seed arguments of its ConstantLengthDataset packing, which exact packing makes moot: accepted with a warning.
+SEED_IGNORED_KWARGS = ("infinite", "num_of_sequences", "chars_per_token", "dataset_batch_size")
+
+
+class SFTTrainer(SafeCheckpointsMixin, Trainer):
+    """TRL-compatible supervised fine-tuning trainer; see `SFTConfig` and `docs/sft.md`.
+
+    `model`: a name/path (loaded with `args.model_init_kwargs`) or a model object. `train_dataset` /
+    `eval_dataset`: language modeling (`text` / `messages`), prompt-completion (standard or conversational),
+    or pre-tokenised (`input_ids`). The seed's `tokenizer=`, `dataset_text_field=`, `packing=`,
+    `max_seq_length=` and `dataset_num_proc=` keywords are accepted and override `args`.
+    """
+
+    _tag_names = ["trl", "sft", "replayrl"]
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        args: SFTConfig | None = None,
+        data_collator=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        compute_loss_func=None,
+        compute_metrics=None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: tuple = (None, None),
+        optimizer_cls_and_kwargs=None,
+        preprocess_logits_for_metrics=None,
+        peft_config=None,
+        formatting_func=None,
+        tokenizer=None,
+        **seed_kwargs: Any,
+    ):
+        model_id = model if isinstance(model, str) else model.config._name_or_path
+        args = self._resolve_args(args, model_id, seed_kwargs)
+        processing_class = self._resolve_tokenizer(processing_class, tokenizer, model_id, args)
+        model = load_causal_lm(model, args.model_init_kwargs)
+        if peft_config is not None:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, peft_config)
+        self._eos_token_id = resolve_eos_token_id(processing_class, args.eos_token)
+        train_dataset = self._prepare(train_dataset, processing_class, args, formatting_func, args.packing)
+        eval_dataset = self._prepare_eval(eval_dataset, processing_class, args, formatting_func)
+        if data_collator is None:
+            data_collator = self._default_collator(model, processing_class, args)
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            compute_loss_func=compute_loss_func,
+            compute_metrics=compute_metrics,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
+            preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+        )
+        # compute_loss divides by num_items_in_batch, the trained tokens of the whole accumulated batch.
+        self.loss_is_scaled_for_ga = True
+        self._sums: dict[str, Tensor] = {}  # mode -> (correct, entropy sum, trained tokens, input tokens)
+        self._total_tokens = 0
+        attach_metrics_file(self)
+
+    # ----------------------------------------------------------------------------------------- set-up
+    @staticmethod
+    def _resolve_args(args: SFTConfig | None, model_id: str, seed_kwargs: dict) -> SFTConfig:
+        unknown = sorted(set(seed_kwargs) - set(SEED_CONFIG_KWARGS) - set(SEED_IGNORED_KWARGS))
+        if unknown:
+            raise TypeError(f"SFTTrainer got unexpected keyword arguments {unknown}; SFT options go in SFTConfig.")
+        ignored = sorted(k for k in seed_kwargs if k in SEED_IGNORED_KWARGS and seed_kwargs[k] is not None)
+        if ignored:
+            warnings.warn(
+                f"SFTTrainer ignores the seed's ConstantLengthDataset arguments {ignored}: packing is exact "
+                "(best-fit-decreasing, documents kept apart); see SFTConfig.packing / packing_strategy.",
+                UserWarning,
+                stacklevel=3,
+            )
+            seed_kwargs = {k: v for k, v in seed_kwargs.items() if k not in SEED_IGNORED_KWARGS}
+        if args is None:
+            args = SFTConfig(output_dir=f"{str(model_id).rstrip('/').split('/')[-1]}-SFT")
+        elif not isinstance(args, SFTConfig):
+            raise ValueError(f"args must be an SFTConfig, got {type(args).__name__}; build one with SFTConfig(...).")
+        for name, value in seed_kwargs.items():
+            if value is not None:
+                setattr(args, SEED_CONFIG_KWARGS[name], value)
+        args._validate()
+        return args
+
+    @staticmethod
+    def _resolve_tokenizer(processing_class, tokenizer, model_id: str, args: SFTConfig):
+        if tokenizer is not None:
+            if processing_class is not None and processing_class is not tokenizer:
+                raise ValueError("Pass the tokenizer once: `processing_class=` (current) or `tokenizer=` (seed).")
+            processing_class = tokenizer
+        if processing_class is None:
+            processing_class = AutoTokenizer.from_pretrained(model_id)
+        if args.pad_token is not None:
+            processing_class.pad_token = args.pad_token
+        if processing_class.pad_token is None:
+            processing_class.pad_token = processing_class.eos_token
+        if args.chat_template_path is not None:
+            load_chat_template(processing_class, args.chat_template_path)
+        return processing_class
+
+    def _prepare(self, dataset, tokenizer, args: SFTConfig, formatting_func, packing: bool):
+        """Format check, tokenisation, truncation and packing of one dataset (None passes through)."""
+        if dataset is None or (args.dataset_kwargs or {}).get("skip_prepare_dataset"):
+            return dataset
+        if not hasattr(dataset, "column_names") or not hasattr(dataset, "__len__"):
+            raise ValueError(
+                f"Expected a datasets.Dataset, got {type(dataset).__name__}; streaming (IterableDataset) datasets are "
+                "not supported: load the split without streaming=True."
+            )
+        if len(dataset) == 0:
+            raise ValueError("The dataset is empty: SFT needs at least one row.")
+        if formatting_func is not None:
+            dataset = apply_formatting_func(dataset, formatting_func, args.dataset_num_proc, args.dataset_text_field)
+        fmt = dataset_format(dataset, args.dataset_text_field)
+        check_sft_format(fmt, args.assistant_only_loss)
+        check_chat_template(tokenizer, fmt, args.assistant_only_loss)
+        settings = SFTTokenizeSettings(
+            eos_token_id=self._eos_token_id,
+            assistant_only_loss=args.assistant_only_loss,
+            max_length=args.max_length,
+            truncation_mode=args.truncation_mode,
+        )
+        return prepare_sft_dataset(
+            dataset,
+            tokenizer,
+            fmt,
+            settings,
+            completion_only_loss=args.completion_only_loss is not False,
+            packing=packing,
+            packing_strategy=args.packing_strategy,
+            num_proc=args.dataset_num_proc,
+        )
+
+    def _prepare_eval(self, eval_dataset, tokenizer, args: SFTConfig, formatting_func):
+        packing = args.packing if args.eval_packing is None else args.eval_packing
+        if isinstance(eval_dataset, dict):
+            return {k: self._prepare(v, tokenizer, args, formatting_func, packing) for k, v in eval_dataset.items()}
+        return self._prepare(eval_dataset, tokenizer, args, formatting_func, packing)
+
+    @staticmethod
+    def _default_collator(model, tokenizer, args: SFTConfig) -> SFTDataCollator:
+        return SFTDataCollator(
+            pad_token_id=tokenizer.pad_token_id,
+            completion_only_loss=args.completion_only_loss is not False,
+            assistant_only_loss=args.assistant_only_loss,
+            padding_free=args.padding_free,
+            attn_implementation=getattr(model.config, "_attn_implementation", None),
+            pad_to_multiple_of=args.pad_to_multiple_of,
+        )
+
+    def _set_signature_columns_if_needed(self):
+        if self._signature_columns is None:
+            self._signature_columns = ["input_ids", "completion_mask", "assistant_masks", "seq_lengths"]
+
+    # ----------------------------------------------------------------------------------------- loss
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> Tensor | None:
+        """Trained tokens (labels != -100 after the causal shift) of all micro-batches of one optimizer step,
+        summed over processes when `average_tokens_across_devices`."""
+        if not batch_samples or "labels" not in batch_samples[0]:
+            return None
+        count = sum((b["labels"][..., 1:] != IGNORE_INDEX).sum() for b in batch_samples).to(device)
+        if self.args.average_tokens_across_devices and self.args.world_size > 1:
+            count = self.accelerator.gather(count).sum()
+        return count
+
+    def compute_loss(self, model, inputs: dict, return_outputs: bool = False, num_items_in_batch=None):
+        """Token-sum loss over labels != -100 divided by `num_items_in_batch` (else this micro-batch's count)."""
+        mode = "train" if self.model.training else "eval"
+        inputs = dict(inputs)
+        token_count = inputs.pop("token_count", None)
+        labels = inputs.pop("labels")
+        outputs = model(**inputs, use_cache=False)
+        logits, targets = outputs.logits[:, :-1], labels[:, 1:]
+        mask = targets != IGNORE_INDEX
+        if self.compute_loss_func is not None:  # the user's loss, given the same normaliser
+            loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
+        else:
+            token_logps = selective_log_softmax(logits, targets.clamp(min=0))
+            per_token = sft_token_loss(token_logps.float(), self.args.loss_type)
+            loss = token_sum_loss(per_token, mask, num_items_in_batch)
+        if num_items_in_batch is not None:
+            if self.args.average_tokens_across_devices and self.args.world_size > 1:
+                loss = loss * self.accelerator.num_processes  # DDP averages gradients over processes
+        elif mode == "train":
+            loss = loss / self.current_gradient_accumulation_steps
+        self._record_metrics(mode, logits, targets, mask, token_count if token_count is not None else mask.numel())
+        return (loss, outputs) if return_outputs else loss
+
+    # ----------------------------------------------------------------------------------------- metrics
+    def _record_metrics(self, mode: str, logits: Tensor, targets: Tensor, mask: Tensor, token_count) -> None:
+        """Add this micro-batch's (correct, entropy sum, trained tokens, input tokens) to the logging window.
+        Kept on the device and reduced over processes once per log, not once per micro-batch."""
+        correct, entropy, n = trained_token_stats(logits.detach(), targets, mask)
+        local = torch.stack(
+            [correct.float(), entropy, n.float(), torch.as_tensor(token_count, device=n.device).float()]
+        )
+        window = self._sums.get(mode)
+        self._sums[mode] = local if window is None else window + local
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Every process calls this at the same points (Trainer logs on all ranks), so the reduction is safe."""
+        mode = "eval" if any(k.startswith("eval_") for k in logs) else "train"
+        prefix = "eval_" if mode == "eval" else ""
+        window = self._sums.pop(mode, None)
+        local = window if window is not None else torch.zeros(4)
+        correct, entropy, n, tokens = self.accelerator.reduce(
+            local.to(self.accelerator.device), reduction="sum"
+        ).tolist()
+        if n > 0:  # in place: evaluate() returns them too
+            logs[prefix + "mean_token_accuracy"] = correct / n
+            logs[prefix + "entropy"] = entropy / n
+        if mode == "train":
+            self._total_tokens += int(tokens)
+            logs["num_tokens"] = float(self._total_tokens)
+        super().log(logs, start_time)

@@ -1,0 +1,115 @@
+import pytest
+import torch
+
+from replayrl.data.collators import SFTDataCollator
+from replayrl.data.packing import (
+    additive_mask,
+    best_fit_decreasing,
+    block_causal_mask,
+    pack_bfd,
+    pack_dataset_bfd,
+    pack_wrapped,
+    position_ids_from_lengths,
+)
+from replayrl.models.tiny import build_tiny_model, build_tokenizer
+
+
+def test_best_fit_decreasing_by_hand():
+    # longest first: 5 -> bin0 (room 3); 4 -> new bin1 (room 4); 3 -> bin0 (tightest fit, room 0);
+    # 3 -> bin1 (room 1); 2 fits nowhere -> bin2 (room 6); 1 -> bin1 (room 1 is tighter than 6)
+    assert best_fit_decreasing([5, 4, 3, 3, 2, 1], 8) == [[0, 2], [1, 3, 5], [4]]
+
+
+def test_best_fit_decreasing_rejects_documents_longer_than_a_row():
+    with pytest.raises(ValueError, match="document of 9 tokens exceeds capacity 8"):
+        best_fit_decreasing([9, 1], 8)
+
+
+def test_pack_bfd_keeps_every_document_whole():
+    columns = {"input_ids": [[1] * 5, [2] * 4, [3] * 3], "completion_mask": [[0] * 5, [1] * 4, [0, 1, 1]]}
+    packed = pack_bfd(columns, 8)
+    assert packed["input_ids"] == [[1] * 5 + [3] * 3, [2] * 4]
+    assert packed["completion_mask"] == [[0] * 5 + [0, 1, 1], [1] * 4]
+    assert packed["seq_lengths"] == [[5, 3], [4]]
+
+
+def test_arrow_packing_equals_the_list_reference():
+    import random
+
+    from datasets import Dataset
+
+    rng = random.Random(0)
+    docs = [[rng.randrange(100) for _ in range(rng.randint(1, 32))] for _ in range(200)]
+    data = Dataset.from_dict({"input_ids": docs, "completion_mask": [[i % 2 for i in range(len(d))] for d in docs]})
+    data = data.select(range(5, 180))  # a view with an indices mapping, as after shuffle/select
+    expected = pack_bfd({name: data[name] for name in data.column_names}, 32)
+    assert pack_dataset_bfd(data, 32).to_dict() == expected
+
+
+def test_pack_wrapped_splits_documents_at_row_ends():
+    packed = pack_wrapped({"input_ids": [[1] * 5, [2] * 4, [3] * 3]}, 4)
+    assert packed["input_ids"] == [[1] * 4, [1, 2, 2, 2], [2, 3, 3, 3]]
+    assert packed["seq_lengths"] == [[4], [1, 3], [1, 3]]
+
+
+def test_position_ids_restart_per_document():
+    assert position_ids_from_lengths([3, 2], 7) == [0, 1, 2, 0, 1, 0, 1]
+
+
+def test_block_causal_mask_by_hand():
+    mask = block_causal_mask([[2, 1]], 4)[0, 0].int().tolist()
+    assert mask == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]  # last row: padding, itself only
+    float_mask = additive_mask(block_causal_mask([[2, 1]], 4))
+    assert float_mask[0, 0, 1, 0] == 0 and float_mask[0, 0, 0, 1] == torch.finfo(torch.float32).min
+
+
+def test_collator_masks_each_packed_documents_first_label():
+    batch = SFTDataCollator(pad_token_id=0)([{"input_ids": [5, 6, 7, 8, 9], "seq_lengths": [3, 2]}])
+    assert batch["labels"].tolist() == [[-100, 6, 7, -100, 9]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1]]
+    assert batch["attention_mask"].shape == (1, 1, 5, 5) and batch["attention_mask"].dtype == torch.bool
+
+
+def test_padding_free_flattens_the_batch():
+    features = [{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}]
+    batch = SFTDataCollator(pad_token_id=0, padding_free=True)(features)
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9]]
+    assert batch["labels"].tolist() == [[-100, 6, 7, -100, 9]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1]]
+
+
+def test_flash_attention_batches_are_flat_with_sequence_boundaries():
+    features = [{"input_ids": [5, 6, 7, 8, 9], "seq_lengths": [3, 2]}, {"input_ids": [4, 3]}]
+    collate = SFTDataCollator(pad_token_id=0, attn_implementation="flash_attention_2", pad_to_multiple_of=8)
+    batch = collate(features)
+    assert "attention_mask" not in batch  # the varlen kernels take the boundaries instead
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 4, 3, 0]]
+    assert batch["labels"].tolist() == [[-100, 6, 7, -100, 9, -100, 3, -100]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1, 0]]
+    assert batch["cu_seq_lens_q"].tolist() == [0, 3, 5, 7, 8] and batch["max_length_q"] == 3
+    assert batch["token_count"].item() == 7
+    # unpacked rows without padding_free keep the ordinary padded batch and 2-D mask
+    plain = collate([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])
+    assert plain["attention_mask"].tolist() == [[1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_logits_equal_each_document_alone(attn):
+    tokenizer = build_tokenizer()
+    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1).eval()
+    model.set_attn_implementation(attn)
+    docs = [tokenizer(t, add_special_tokens=False).input_ids for t in ("hello world", "3+4=7", "packing!")]
+    features = [{"input_ids": [t for d in docs for t in d], "seq_lengths": [len(d) for d in docs]}]
+    batch = SFTDataCollator(pad_token_id=tokenizer.pad_token_id, attn_implementation=attn, pad_to_multiple_of=32)(
+        features
+    )
+    assert batch["input_ids"].shape[1] == 32  # with padding after the documents
+    batch.pop("labels"), batch.pop("token_count")
+    with torch.no_grad():
+        packed = model(**batch).logits[0]
+        alone = torch.cat([model(input_ids=torch.tensor([d])).logits[0] for d in docs])
+        # without the block mask, position ids alone let documents see each other (why the mask exists)
+        leaky = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits[0]
+    n = alone.shape[0]
+    assert torch.allclose(packed[:n], alone, atol=1e-5), (packed[:n] - alone).abs().max()
+    assert (leaky[:n] - alone).abs().max() > 1e-2

@@ -1,0 +1,59 @@
+"""Run under `accelerate launch --num_processes 2` by tests/dpo/test_distributed.py (CPU, gloo): one SGD step
+of DPOTrainer (`python WORKER OUT_DIR`, or as one process) with reference log-probs precomputed from a separate
+reference model; saves the logged loss, the precomputed columns and the parameters after the step."""
+
+import sys
+
+import torch
+
+from replayrl import DPOConfig, DPOTrainer
+from replayrl.models.tiny import build_tiny_model, build_tokenizer
+from replayrl.tasks.preferences import preference_datasets
+
+SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
+
+
+def run(out: str, per_device_batch: int) -> DPOTrainer:
+    torch.set_num_threads(1)
+    tok = build_tokenizer()
+    data = preference_datasets(seed=0, per_problem=1)[0].select(range(8))
+    args = DPOConfig(
+        output_dir=out,
+        per_device_train_batch_size=per_device_batch,
+        per_device_eval_batch_size=3,  # 8 rows over 2 processes in batches of 3: the gather has padding to drop
+        max_steps=1,
+        optim="sgd",
+        learning_rate=1.0,
+        max_grad_norm=0.0,
+        precompute_ref_log_probs=True,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+    )
+    trainer = DPOTrainer(
+        build_tiny_model(tok, seed=0, **SMALL),
+        ref_model=build_tiny_model(tok, seed=1, **SMALL),
+        args=args,
+        train_dataset=data,
+        processing_class=tok,
+    )
+    trainer.train()
+    return trainer
+
+
+def result(trainer: DPOTrainer) -> dict:
+    return {
+        "world": trainer.accelerator.num_processes,
+        "loss": trainer.state.log_history[0]["loss"],
+        "ref_chosen_logps": trainer.train_dataset["ref_chosen_logps"],
+        "params": [p.detach().cpu() for p in trainer.accelerator.unwrap_model(trainer.model).parameters()],
+    }
+
+
+if __name__ == "__main__":
+    trainer = run(sys.argv[1], per_device_batch=4)
+    if trainer.accelerator.is_main_process:
+        torch.save(result(trainer), f"{sys.argv[1]}/result.pt")

@@ -1,0 +1,272 @@
+"""DPOTrainer through train(): ln 2 at step 1, learning, reference handling, loss variants, bad input."""
+
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+
+from replayrl.algos.preference import PairLogps, dpo_losses
+from replayrl.dpo import DPOConfig, DPOTrainer
+from replayrl.metrics import METRICS_FILE, read_metrics
+from replayrl.models.tiny import build_tiny_model
+from replayrl.tasks.preferences import preference_datasets
+
+SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
+
+
+def tiny(tokenizer, seed=0):
+    return build_tiny_model(tokenizer, seed=seed, **SMALL)
+
+
+def dpo_args(tmp_path, **overrides):
+    kwargs = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=16,
+        max_steps=1,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+    )
+    kwargs.update(overrides)
+    return DPOConfig(**kwargs)
+
+
+@pytest.fixture(scope="module")
+def pairs_data():
+    train, held_out = preference_datasets(seed=0, per_problem=1)
+    return train.select(range(16)), held_out
+
+
+def losses(trainer):
+    return [r["loss"] for r in trainer.state.log_history if "loss" in r]
+
+
+def first_batch(trainer):
+    return next(iter(trainer.get_train_dataloader()))
+
+
+def test_step1_loss_is_ln2_when_policy_equals_reference(tokenizer, pairs_data, tmp_path):
+    trainer = DPOTrainer(
+        tiny(tokenizer), args=dpo_args(tmp_path), train_dataset=pairs_data[0], processing_class=tokenizer
+    )
+    trainer.train()
+    assert losses(trainer)[0] == pytest.approx(math.log(2), abs=1e-6)
+    first = read_metrics(tmp_path / "out" / METRICS_FILE)[0]
+    for key in ("rewards/chosen", "rewards/margins", "logps/chosen", "logits/rejected", "rewards/accuracies"):
+        assert key in first
+    assert abs(first["rewards/margins"]) < 1e-5
+
+
+def test_learns_the_preference(tokenizer, pairs_data, tmp_path):
+    args = dpo_args(tmp_path, max_steps=16, logging_steps=4, lr_scheduler_type="constant")
+    trainer = DPOTrainer(tiny(tokenizer), args=args, train_dataset=pairs_data[0], processing_class=tokenizer)
+    trainer.train()
+    logs = [r for r in trainer.state.log_history if "loss" in r]
+    assert logs[-1]["loss"] < logs[0]["loss"] - 0.1
+    assert logs[-1]["rewards/accuracies"] >= 0.9
+    assert logs[-1]["rewards/margins"] > logs[0]["rewards/margins"]
+
+
+def test_one_concatenated_forward_equals_two_forwards(tokenizer, pairs_data, tmp_path):
+    model = tiny(tokenizer)
+    trainer = DPOTrainer(model, args=dpo_args(tmp_path), train_dataset=pairs_data[0], processing_class=tokenizer)
+    batch = first_batch(trainer)
+    chosen, rejected, _, _ = trainer.concatenated_forward(model, batch)
+    for side, got in (("chosen", chosen), ("rejected", rejected)):
+        ids, mask, labels = batch[f"{side}_input_ids"], batch[f"{side}_attention_mask"], batch[f"{side}_labels"]
+        logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits[:, :-1], -1)
+        target = labels[:, 1:]
+        token = logp.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1) * (target != -100)
+        assert torch.allclose(got, token.sum(1), atol=1e-5)
+
+
+def test_precomputed_reference_gives_the_live_loss(tokenizer, pairs_data, tmp_path):
+    def run(precompute):
+        args = dpo_args(tmp_path / str(precompute), max_steps=3, precompute_ref_log_probs=precompute)
+        trainer = DPOTrainer(
+            tiny(tokenizer), ref_model=tiny(tokenizer, seed=1), args=args, train_dataset=pairs_data[0],
+            processing_class=tokenizer,
+        )  # fmt: skip
+        assert (trainer.ref_model is None) == precompute
+        trainer.train()
+        assert trainer.ref_model is None or not precompute
+        return losses(trainer)
+
+    live, pre = run(False), run(True)
+    assert abs(live[0] - math.log(2)) > 1e-3  # a different reference: a non-trivial check
+    assert pre == pytest.approx(live, abs=1e-5)
+
+
+def test_precompute_without_ref_model_uses_the_initial_policy(tokenizer, pairs_data, tmp_path):
+    args = dpo_args(tmp_path, precompute_ref_log_probs=True)
+    held_out = pairs_data[1].select(range(8))
+    trainer = DPOTrainer(tiny(tokenizer), args=args, train_dataset=pairs_data[0], eval_dataset=held_out,
+                         processing_class=tokenizer)  # fmt: skip
+    assert trainer.ref_model is None and "ref_chosen_logps" in trainer.train_dataset.column_names
+    assert "ref_rejected_logps" in trainer.eval_dataset.column_names
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(math.log(2), abs=1e-6)  # before training
+    trainer.train()
+    assert losses(trainer)[0] == pytest.approx(math.log(2), abs=1e-6)
+    with pytest.raises(ValueError, match="released the reference model"):  # the reference is gone
+        trainer.evaluate(held_out)
+    assert trainer.evaluate()["eval_rewards/margins"] != 0
+
+
+def test_peft_reference_is_the_base_model(tokenizer, pairs_data, tmp_path):
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    args = dpo_args(tmp_path, max_steps=3, learning_rate=5e-2)
+    base = tiny(tokenizer)
+    trainer = DPOTrainer(base, args=args, train_dataset=pairs_data[0], processing_class=tokenizer, peft_config=config)
+    assert trainer.ref_model is None
+    trainer.train()
+    assert losses(trainer)[0] == pytest.approx(math.log(2), abs=1e-6)  # LoRA starts as the identity
+    batch = {k: v for k, v in first_batch(trainer).items()}
+    ref_c, _ = trainer.compute_ref_log_probs(batch)
+    pol_c, _, _, _ = trainer.concatenated_forward(trainer.model, batch)
+    fresh_c, _, _, _ = trainer.concatenated_forward(tiny(tokenizer), batch)
+    assert torch.allclose(ref_c, fresh_c, atol=1e-5)  # adapter disabled == the untouched base weights
+    assert not torch.allclose(pol_c, ref_c, atol=1e-4)  # the adapter has trained
+
+
+@pytest.mark.parametrize(
+    "loss_type", ["sigmoid", "hinge", "ipo", "robust", "nca_pair", "sppo_hard", "apo_zero", "discopop", "aot", "sft"]
+)
+def test_loss_variant_reaches_the_loss(tokenizer, pairs_data, tmp_path, loss_type):
+    """The first logged loss equals the pure function on the first batch's log-probs (a different reference so
+    that every variant sees Delta != 0)."""
+    data = pairs_data[0]
+    args = dpo_args(tmp_path, loss_type=loss_type, label_smoothing=0.1 if loss_type == "robust" else 0.0,
+                    per_device_train_batch_size=len(data))  # fmt: skip
+    policy, ref = tiny(tokenizer), tiny(tokenizer, seed=1)
+    trainer = DPOTrainer(policy, ref_model=ref, args=args, train_dataset=data, processing_class=tokenizer)
+    with torch.no_grad():
+        out = trainer._forward(policy, first_batch(trainer))
+        ref_c, ref_r = trainer.compute_ref_log_probs(first_batch(trainer))
+    pairs = PairLogps(out["chosen_logps"], out["rejected_logps"], ref_c, ref_r, out["chosen_lengths"],
+                      out["rejected_lengths"])  # fmt: skip
+    expected, _ = dpo_losses(loss_type, pairs, 0.1, label_smoothing=args.label_smoothing)
+    trainer.train()
+    assert losses(trainer)[0] == pytest.approx(expected.mean().item(), abs=1e-5)
+
+
+def test_weighted_loss_types_and_rpo(tokenizer, pairs_data, tmp_path):
+    data = pairs_data[0]
+    args = dpo_args(tmp_path, loss_type=["sigmoid", "sft"], loss_weights=[0.5, 2.0], rpo_alpha=0.3,
+                    per_device_train_batch_size=len(data))  # fmt: skip
+    policy = tiny(tokenizer)
+    trainer = DPOTrainer(policy, args=args, train_dataset=data, processing_class=tokenizer)
+    with torch.no_grad():
+        out = trainer._forward(policy, first_batch(trainer))
+    nll = (-out["chosen_logps"] / out["chosen_lengths"]).mean().item()
+    trainer.train()
+    first = trainer.state.log_history[0]
+    assert first["loss"] == pytest.approx(0.5 * math.log(2) + 2.0 * nll + 0.3 * nll, abs=1e-5)
+    assert first["loss/sft"] == pytest.approx(nll, abs=1e-5)
+
+
+def test_reference_free_and_wpo_run(tokenizer, pairs_data, tmp_path):
+    args = dpo_args(tmp_path, reference_free=True, use_weighting=True, max_steps=2)
+    trainer = DPOTrainer(tiny(tokenizer), args=args, train_dataset=pairs_data[0], processing_class=tokenizer)
+    assert trainer.ref_model is None
+    trainer.train()
+    assert all(math.isfinite(x) for x in losses(trainer))
+
+
+def test_sync_ref_model_moves_the_reference(tokenizer, pairs_data, tmp_path):
+    args = dpo_args(tmp_path, sync_ref_model=True, ref_model_sync_steps=1, ref_model_mixup_alpha=1.0)
+    trainer = DPOTrainer(tiny(tokenizer), args=args, train_dataset=pairs_data[0], processing_class=tokenizer)
+    trainer.train()
+    for ref, pol in zip(trainer.ref_model.parameters(), trainer.model.parameters()):
+        assert torch.equal(ref, pol)  # alpha 1: the reference is now the policy
+
+
+def test_seed_api_names(tokenizer, pairs_data, tmp_path):
+    trainer = DPOTrainer(
+        tiny(tokenizer), args=dpo_args(tmp_path), beta=0.5, max_length=6, truncation_mode="keep_end",
+        train_dataset=pairs_data[0], tokenizer=tokenizer,
+    )  # fmt: skip
+    assert trainer.args.beta == 0.5
+    assert first_batch(trainer)["chosen_input_ids"].shape[1] <= 6
+    c = torch.tensor([-1.0])
+    loss, cr, rr = trainer.dpo_loss(c, torch.tensor([-7.0]), torch.tensor([-5.0]), torch.tensor([-5.0]))
+    assert loss.item() == pytest.approx(-math.log(1 / (1 + math.exp(-3.0))))  # beta 0.5 * Delta 6
+    assert (cr.item(), rr.item()) == pytest.approx((2.0, -1.0))
+    loss, _, _ = trainer.dpo_loss(c, c, torch.tensor([5.0]), torch.tensor([-5.0]), reference_free=True)
+    assert loss.item() == pytest.approx(math.log(2))
+
+
+def test_conversational_implicit_prompt_data(tokenizer, tmp_path):
+    chat = lambda role, text: {"role": role, "content": text}  # noqa: E731
+    rows = [
+        {"chosen": [chat("user", f"{a}+1?"), chat("assistant", str(a + 1))],
+         "rejected": [chat("user", f"{a}+1?"), chat("assistant", str(a + 2))]}
+        for a in range(8)
+    ]  # fmt: skip
+    trainer = DPOTrainer(tiny(tokenizer), args=dpo_args(tmp_path), train_dataset=Dataset.from_list(rows),
+                         processing_class=tokenizer)  # fmt: skip
+    row = trainer.train_dataset[0]
+    assert tokenizer.decode(row["prompt_input_ids"]).endswith("<|im_start|>assistant\n")
+    assert tokenizer.decode(row["chosen_input_ids"]) == "1<|im_end|>\n<|endoftext|>"
+    trainer.train()
+    assert losses(trainer)[0] == pytest.approx(math.log(2), abs=1e-6)
+
+
+def test_bad_input(tokenizer, pairs_data, tmp_path):
+    model = tiny(tokenizer)
+    with pytest.raises(ValueError, match="ref_model is the same object as model"):
+        DPOTrainer(model, ref_model=model, args=dpo_args(tmp_path), train_dataset=pairs_data[0],
+                   processing_class=tokenizer)  # fmt: skip
+    bad = Dataset.from_dict({"prompt": ["1+1="], "answer": ["2"]})
+    with pytest.raises(ValueError, match=r"not a preference dataset: it has columns \['prompt', 'answer'\]"):
+        DPOTrainer(model, args=dpo_args(tmp_path), train_dataset=bad, processing_class=tokenizer)
+    with pytest.raises(ValueError, match="valid loss types are"):
+        dpo_args(tmp_path, loss_type="sigmod")
+    with pytest.raises(ValueError, match="label_smoothing"):
+        dpo_args(tmp_path, label_smoothing=0.5)
+    with pytest.raises(ValueError, match="sync_ref_model"):
+        dpo_args(tmp_path, sync_ref_model=True, precompute_ref_log_probs=True)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_padding_free_gives_the_padded_losses(tokenizer, tmp_path, attn):
+    """Rows of very different lengths packed into one row: the same losses (and metrics) as padded rows over
+    three steps, with a length-normalised loss and WPO weights in the mix."""
+    rows = [{"prompt": "x" * (1 + 3 * i), "chosen": "y" * (1 + i % 3), "rejected": "z" * (4 - i % 3)} for i in range(8)]
+
+    def run(padding_free):
+        model = tiny(tokenizer)
+        model.config._attn_implementation = attn
+        args = dpo_args(tmp_path / str(padding_free), max_steps=3, padding_free=padding_free, use_weighting=True,
+                        loss_type=["sigmoid", "ipo"], ref_model_init_kwargs=None)  # fmt: skip
+        ref = tiny(tokenizer, seed=1)
+        ref.config._attn_implementation = attn
+        trainer = DPOTrainer(model, ref_model=ref, args=args, train_dataset=Dataset.from_list(rows),
+                             processing_class=tokenizer)  # fmt: skip
+        trainer.train()
+        return [r for r in trainer.state.log_history if "loss" in r]
+
+    padded, packed = run(False), run(True)
+    for a, b in zip(padded, packed):
+        for key in ("loss", "loss/ipo", "logps/chosen", "logits/rejected", "rewards/margins"):
+            assert b[key] == pytest.approx(a[key], abs=1e-5), key
+
+
+def test_sync_ref_model_survives_resume(tokenizer, pairs_data, tmp_path):
+    common = dict(sync_ref_model=True, ref_model_sync_steps=1, ref_model_mixup_alpha=0.5, max_steps=2)
+    first = DPOTrainer(tiny(tokenizer), args=dpo_args(tmp_path, save_strategy="steps", save_steps=2, **common),
+                       train_dataset=pairs_data[0], processing_class=tokenizer)  # fmt: skip
+    first.train()
+    resumed = DPOTrainer(tiny(tokenizer), args=dpo_args(tmp_path, **common), train_dataset=pairs_data[0],
+                         processing_class=tokenizer)  # fmt: skip
+    fresh = [p.detach().clone() for p in resumed.ref_model.parameters()]
+    resumed.train(resume_from_checkpoint=True)
+    for saved, loaded in zip(first.ref_model.parameters(), resumed.ref_model.parameters()):
+        assert torch.equal(saved, loaded)
+    assert any(not torch.equal(a, b) for a, b in zip(fresh, resumed.ref_model.parameters()))

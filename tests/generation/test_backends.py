@@ -1,0 +1,85 @@
+"""Generation backends without vLLM: the transformers backend through the interface, the padding helper, and
+the error a user without vLLM gets (the vLLM tests themselves are in tests/vllm, run in .venv-vllm)."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from replayrl.generation import build_backend
+from replayrl.generation.base import GenerationBackend, hf_state_dict, pad_completions, unpad_prompts
+from replayrl.generation.hf import build_generation_config, generate_completions
+from replayrl.grpo import GRPOConfig
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
+def test_use_vllm_without_vllm_is_one_line_error(tmp_path):
+    with pytest.raises(ImportError) as err:
+        GRPOConfig(output_dir=str(tmp_path), use_vllm=True, per_device_train_batch_size=8)
+    message = str(err.value)
+    assert "pip install replayrl[vllm]" in message and "\n" not in message
+    assert isinstance(err.value, ValueError)  # the CLI reports config ValueErrors in one line
+
+
+def test_bad_vllm_options_are_value_errors(tmp_path):
+    with pytest.raises(ValueError, match="vllm_importance_sampling_mode"):
+        GRPOConfig(output_dir=str(tmp_path), use_vllm=True, vllm_importance_sampling_mode="tis")
+    with pytest.raises(ValueError, match="vllm_mode"):
+        GRPOConfig(output_dir=str(tmp_path), use_vllm=True, vllm_mode="remote")
+
+
+def test_hf_backend_matches_generate_completions(tmp_path, model, tokenizer):
+    args = GRPOConfig(output_dir=str(tmp_path), max_completion_length=5, temperature=1.0)
+    config = build_generation_config(args, tokenizer)
+    backend = build_backend(args, model, tokenizer, config)
+    assert isinstance(backend, GenerationBackend)
+    batch = tokenizer(["ab", "hello"], return_tensors="pt", padding=True)
+    torch.manual_seed(0)
+    out = backend.generate(batch.input_ids, batch.attention_mask)
+    torch.manual_seed(0)
+    ids, mask, truncated = generate_completions(model, batch.input_ids, batch.attention_mask, config)
+    assert torch.equal(out.completion_ids, ids) and torch.equal(out.completion_mask, mask)
+    assert torch.equal(out.truncated, truncated) and out.logps is None
+
+
+def test_pad_completions_cuts_at_first_eos():
+    out = pad_completions([[5, 2, 7], [4, 4, 4, 4]], [[-0.5, -0.1, -3.0], [-1.0] * 4], [2], 0, 3)
+    assert out.completion_ids.tolist() == [[5, 2, 0], [4, 4, 4]]
+    assert out.completion_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert out.truncated.tolist() == [False, True]
+    assert out.logps[0, :2].tolist() == pytest.approx([-0.5, -0.1]) and out.logps[0, 2].isnan()
+    assert unpad_prompts(torch.tensor([[0, 3, 4], [5, 6, 7]]), torch.tensor([[0, 1, 1], [1, 1, 1]])) == [
+        [3, 4],
+        [5, 6, 7],
+    ]
+
+
+def test_hf_state_dict_of_merged_peft_model_has_plain_names(model):
+    from peft import LoraConfig, get_peft_model
+
+    plain = dict(model.state_dict())
+    peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], lora_dropout=0.0))
+    names = dict(hf_state_dict(peft_model))
+    assert names.keys() == plain.keys()
+
+
+def test_kv_cache_budget_is_what_the_batch_needs_within_the_ram_share(tokenizer):
+    from replayrl.generation.vllm_colocate import MIN_KV_CACHE_BYTES, kv_cache_budget
+    from replayrl.models.tiny import build_tiny_model
+
+    config = build_tiny_model(tokenizer, hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2).config
+    # 2 (K, V) * 4 layers * 2 kv heads * 64 head_dim * 4 bytes = 4096 bytes per token; x 128 tokens x 64 seqs x 2
+    assert kv_cache_budget(config, torch.float32, 128, 64, fraction=0.3) == 4096 * 128 * 64 * 2
+    assert kv_cache_budget(config, torch.float32, 16, 1, fraction=0.3) == MIN_KV_CACHE_BYTES
+    assert kv_cache_budget(config, torch.float32, 4096, 4096, fraction=1e-6) == MIN_KV_CACHE_BYTES
+
+
+def test_sampling_kwargs_map_trl_fields(tmp_path):
+    from replayrl.generation.vllm_colocate import sampling_kwargs
+
+    args = GRPOConfig(output_dir=str(tmp_path), temperature=0.7, top_k=None, min_p=None, repetition_penalty=1.1)
+    kwargs = sampling_kwargs(args, 12)
+    assert kwargs["top_k"] == -1 and kwargs["min_p"] == 0.0 and kwargs["max_tokens"] == 12
+    assert kwargs["temperature"] == 0.7 and kwargs["repetition_penalty"] == 1.1 and kwargs["logprobs"] == 0

@@ -1,0 +1,111 @@
+"""AutoModelForCausalLMWithValueHead: forward, exact save/load round trip, plain-LM compatibility, reference
+models (shared layers), PEFT."""
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM
+
+from replayrl.models.tiny import build_tiny_model
+from replayrl.models.value_head import AutoModelForCausalLMWithValueHead, create_reference_model
+
+IDS = torch.tensor([[5, 6, 7, 8, 9], [10, 11, 12, 13, 14]])
+
+
+def tiny(tokenizer, **kwargs):
+    return build_tiny_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, **kwargs)
+
+
+@pytest.fixture
+def vmodel(tokenizer):
+    return AutoModelForCausalLMWithValueHead.from_pretrained(tiny(tokenizer), v_head_init_strategy="normal").eval()
+
+
+def test_forward_returns_logits_loss_value(vmodel, tokenizer):
+    logits, loss, value = vmodel(IDS)
+    assert logits.shape == (2, 5, len(tokenizer)) and logits.dtype == torch.float32
+    assert loss is None and value.shape == (2, 5)
+    _, loss, _ = vmodel(IDS, labels=IDS)
+    assert loss is not None and loss.item() > 0
+    # the value is the head applied to the LM's last hidden state
+    hidden = vmodel.pretrained_model(IDS, output_hidden_states=True).hidden_states[-1]
+    torch.testing.assert_close(value, vmodel.v_head.summary(hidden).squeeze(-1))
+
+
+def test_head_kwargs(tokenizer):
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(
+        tiny(tokenizer), summary_dropout_prob=0.3, v_head_init_strategy="normal", v_head_initializer_range=0.01
+    )
+    assert model.v_head.dropout.p == 0.3
+    assert (model.v_head.summary.bias == 0).all() and model.v_head.summary.weight.std() < 0.05
+    with pytest.raises(ValueError, match="v_head_init_strategy"):
+        AutoModelForCausalLMWithValueHead.from_pretrained(tiny(tokenizer), v_head_init_strategy="xavier")
+
+
+def test_save_load_round_trip_is_exact(vmodel, tmp_path):
+    vmodel.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+    assert {"v_head.summary.weight", "v_head.summary.bias"} <= keys
+    loaded = AutoModelForCausalLMWithValueHead.from_pretrained(str(tmp_path)).eval()
+    for a, b in zip(vmodel(IDS), loaded(IDS)):
+        if a is not None:
+            assert torch.equal(a, b)
+    assert torch.equal(loaded.v_head.summary.weight, vmodel.v_head.summary.weight)
+    # a plain causal LM loads the same folder, ignoring the head
+    plain = AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()
+    assert torch.equal(plain(IDS).logits, vmodel(IDS)[0])
+
+
+def test_generate_delegates(vmodel, tokenizer):
+    out = vmodel.generate(input_ids=IDS[:1], attention_mask=torch.ones_like(IDS[:1]), max_new_tokens=3, do_sample=False)
+    ref = vmodel.pretrained_model.generate(
+        input_ids=IDS[:1], attention_mask=torch.ones_like(IDS[:1]), max_new_tokens=3, do_sample=False
+    )
+    assert torch.equal(out, ref) and out.shape == (1, 8)
+
+
+def test_reference_model_is_a_frozen_copy(vmodel):
+    ref = create_reference_model(vmodel)
+    assert not ref.training and not any(p.requires_grad for p in ref.parameters())
+    assert all(p.requires_grad for p in vmodel.parameters())
+    assert torch.equal(ref(IDS)[0], vmodel(IDS)[0])
+    with torch.no_grad():
+        vmodel.pretrained_model.model.layers[0].mlp.up_proj.weight.add_(1.0)
+    assert not torch.equal(ref(IDS)[0], vmodel(IDS)[0])
+
+
+def test_reference_model_shares_layers(vmodel):
+    ref = create_reference_model(vmodel, num_shared_layers=1)
+    layers, ref_layers = vmodel.pretrained_model.model.layers, ref.pretrained_model.model.layers
+    assert layers[0].mlp.up_proj.weight is ref_layers[0].mlp.up_proj.weight
+    assert layers[1].mlp.up_proj.weight is not ref_layers[1].mlp.up_proj.weight
+    # shared tensors are frozen in the policy too (as the seed); the rest of the policy still trains
+    assert not layers[0].mlp.up_proj.weight.requires_grad and layers[1].mlp.up_proj.weight.requires_grad
+    assert vmodel.v_head.summary.weight.requires_grad
+    assert torch.equal(ref(IDS)[0], vmodel(IDS)[0])
+    with pytest.raises(ValueError, match="num_shared_layers=5"):
+        create_reference_model(vmodel, num_shared_layers=5)
+
+
+def test_peft_lora_policy_with_trainable_head(tokenizer, tmp_path):
+    peft = pytest.importorskip("peft")
+    base_dir = tmp_path / "base"
+    tiny(tokenizer).save_pretrained(base_dir)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(str(base_dir), peft_config=config)
+    assert model.is_peft_model
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n or n.startswith("v_head.") for n in trainable)
+    assert {"v_head.summary.weight", "v_head.summary.bias"} <= trainable
+    with torch.no_grad():  # make the adapter and head non-trivial
+        for name, p in model.named_parameters():
+            if "lora_B" in name or name.startswith("v_head."):
+                p.add_(0.1)
+    model.eval()
+    model.save_pretrained(tmp_path / "adapter")
+    loaded = AutoModelForCausalLMWithValueHead.from_pretrained(str(tmp_path / "adapter")).eval()
+    assert loaded.is_peft_model
+    for a, b in zip(model(IDS), loaded(IDS)):
+        if a is not None:
+            torch.testing.assert_close(a, b)

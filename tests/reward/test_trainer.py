@@ -1,0 +1,158 @@
+"""RewardTrainer through train(): learning, the loss on a real batch, seed columns, pad-token check, bad input."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from datasets import Dataset
+from transformers import EvalPrediction
+
+from replayrl.metrics import METRICS_FILE, read_metrics
+from replayrl.models.tiny import build_tiny_sequence_classifier
+from replayrl.reward import RewardConfig, RewardTrainer, compute_accuracy
+from replayrl.tasks.preferences import preference_datasets
+
+SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
+
+
+def classifier(tokenizer, seed=0):
+    return build_tiny_sequence_classifier(tokenizer, seed=seed, **SMALL)
+
+
+def rm_args(tmp_path, **overrides):
+    kwargs = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=16,
+        per_device_eval_batch_size=32,
+        max_steps=1,
+        learning_rate=3e-3,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+    )
+    kwargs.update(overrides)
+    return RewardConfig(**kwargs)
+
+
+@pytest.fixture(scope="module")
+def pairs_data():
+    return preference_datasets(seed=0, per_problem=2)
+
+
+def test_accuracy_rises_on_the_training_pairs(tokenizer, pairs_data, tmp_path):
+    train = pairs_data[0].select(range(32))
+    args = rm_args(tmp_path, max_steps=80, logging_steps=20, learning_rate=1e-2)
+    trainer = RewardTrainer(classifier(tokenizer), args=args, train_dataset=train, processing_class=tokenizer)
+    trainer.train()
+    logs = [r for r in trainer.state.log_history if "loss" in r]
+    assert logs[-1]["accuracy"] >= logs[0]["accuracy"] + 0.1
+    assert logs[-1]["loss"] < logs[0]["loss"] - 0.2
+    assert logs[-1]["margin"] > logs[0]["margin"]
+    assert logs[-1]["num_tokens"] > logs[0]["num_tokens"] > 0
+    assert read_metrics(tmp_path / "out" / METRICS_FILE)[0]["accuracy"] == logs[0]["accuracy"]
+    result = trainer.evaluate(pairs_data[0].select(range(32)))  # compute_accuracy over the whole set
+    assert result["eval_accuracy"] >= 0.8
+
+
+def test_loss_is_bradley_terry_at_the_last_real_token(tokenizer, tmp_path):
+    """The first logged loss equals -log sigmoid(r_c - r_r - margin), with r read by hand at the last token of
+    each unpadded sequence (so padding cannot move the read position)."""
+    data = Dataset.from_dict(
+        {"prompt": ["1+1=", "22+3="], "chosen": ["2", "25"], "rejected": ["3 or so", "1"], "margin": [0.5, 0.0]}
+    )
+    model = classifier(tokenizer)
+    trainer = RewardTrainer(model, args=rm_args(tmp_path), train_dataset=data, processing_class=tokenizer)
+    rewards = []
+    with torch.no_grad():
+        for row in trainer.train_dataset:
+            pair = []
+            for side in ("chosen", "rejected"):
+                ids = torch.tensor([row[f"input_ids_{side}"]])
+                hidden = model.model(input_ids=ids).last_hidden_state
+                pair.append(model.score(hidden)[0, -1, 0].item())
+            rewards.append(pair)
+    expected = np.mean([-F.logsigmoid(torch.tensor(c - r - m)).item() for (c, r), m in zip(rewards, [0.5, 0.0])])
+    trainer.train()
+    assert trainer.state.log_history[0]["loss"] == pytest.approx(expected, abs=1e-5)
+
+
+def test_center_rewards_coefficient_adds_the_penalty(tokenizer, pairs_data, tmp_path):
+    data = pairs_data[0].select(range(16))
+    plain = RewardTrainer(classifier(tokenizer), args=rm_args(tmp_path / "a"), train_dataset=data,
+                          processing_class=tokenizer)  # fmt: skip
+    batch = plain._prepare_inputs(next(iter(plain.get_train_dataloader())))
+    with torch.no_grad():
+        c, r = plain.rewards(plain.model, batch)
+    centred = RewardTrainer(classifier(tokenizer), args=rm_args(tmp_path / "b", center_rewards_coefficient=0.01),
+                            train_dataset=data, processing_class=tokenizer)  # fmt: skip
+    centred.train()
+    expected = -F.logsigmoid(c - r).mean().item() + 0.01 * ((c + r) ** 2).mean().item()
+    assert centred.state.log_history[0]["loss"] == pytest.approx(expected, abs=1e-5)
+
+
+def test_seed_pretokenized_columns(tokenizer, tmp_path):
+    enc = lambda text: tokenizer(text).input_ids  # noqa: E731
+    rows = [(f"{a}+1={a + 1}", f"{a}+1={a + 2}") for a in range(8)]
+    data = Dataset.from_dict(
+        {
+            "input_ids_chosen": [enc(c) for c, _ in rows],
+            "attention_mask_chosen": [[1] * len(enc(c)) for c, _ in rows],
+            "input_ids_rejected": [enc(r) for _, r in rows],
+            "attention_mask_rejected": [[1] * len(enc(r)) for _, r in rows],
+        }
+    )
+    trainer = RewardTrainer(classifier(tokenizer), args=rm_args(tmp_path, max_steps=2), train_dataset=data,
+                            tokenizer=tokenizer, max_length=64)  # fmt: skip
+    assert trainer.args.max_length == 64
+    assert trainer.train_dataset[0]["input_ids_chosen"] == data[0]["input_ids_chosen"]
+    trainer.train()
+    assert math.isfinite(trainer.state.log_history[0]["loss"])
+
+
+def test_pad_token_is_set_from_the_tokenizer_or_refused(tokenizer, pairs_data, tmp_path):
+    model = classifier(tokenizer)
+    model.config.pad_token_id = None
+    trainer = RewardTrainer(model, args=rm_args(tmp_path), train_dataset=pairs_data[0], processing_class=tokenizer)
+    assert trainer.model.config.pad_token_id == tokenizer.pad_token_id
+    model = classifier(tokenizer)
+    model.config.pad_token_id = None
+    with pytest.raises(ValueError, match="pad_token_id is not set"):
+        RewardTrainer(
+            model, args=rm_args(tmp_path), train_dataset=pairs_data[0].select(range(2)), processing_class=None
+        )
+
+
+def test_compute_accuracy_counts_ties_as_wrong():
+    preds = np.array([[1.0, 0.0], [0.5, 0.5], [0.0, 2.0], [3.0, 1.0]])
+    assert compute_accuracy(EvalPrediction(predictions=preds, label_ids=np.zeros(4))) == {"accuracy": 0.5}
+
+
+def test_bad_input(tokenizer, tmp_path):
+    with pytest.raises(ValueError, match=r"not a preference dataset: it has columns \['text'\]"):
+        RewardTrainer(classifier(tokenizer), args=rm_args(tmp_path), train_dataset=Dataset.from_dict({"text": ["a"]}),
+                      processing_class=tokenizer)  # fmt: skip
+    long = Dataset.from_dict({"prompt": ["1+1="], "chosen": ["2" * 50], "rejected": ["3"]})
+    with pytest.raises(ValueError, match="longer than max_length=8"):
+        RewardTrainer(classifier(tokenizer), args=rm_args(tmp_path, max_length=8), train_dataset=long,
+                      processing_class=tokenizer)  # fmt: skip
+    with pytest.raises(ValueError, match="center_rewards_coefficient"):
+        rm_args(tmp_path, center_rewards_coefficient=-1.0)
+
+
+def test_peft_reward_model_trains_the_adapter_and_head(tokenizer, pairs_data, tmp_path):
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="SEQ_CLS",
+                             modules_to_save=["score"])  # fmt: skip
+    trainer = RewardTrainer(classifier(tokenizer), args=rm_args(tmp_path, max_steps=3), peft_config=config,
+                            train_dataset=pairs_data[0].select(range(16)), processing_class=tokenizer)  # fmt: skip
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert any("lora_" in n for n in before) and any("score" in n for n in before)
+    trainer.train()
+    changed = [n for n, p in trainer.model.named_parameters() if n in before and not torch.equal(p, before[n])]
+    assert any("lora_B" in n for n in changed) and any("score" in n for n in changed)
