@@ -135,6 +135,20 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
     sync_ref_model: bool = field(default=False, metadata=_help("TR-DPO: periodically mix the policy into the ref."))
     ref_model_mixup_alpha: float = field(default=0.6, metadata=_help("TR-DPO alpha: ref = a*policy + (1-a)*ref."))
     ref_model_sync_steps: int = field(default=512, metadata=_help("TR-DPO tau: sync every N optimizer steps."))
+    # Dynamic sampling (DAPO, arXiv:2503.14476; verl: algorithm.filter_groups)
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata=_help(
+            "Keep only groups with reward variance, generating extra rounds for more prompts until the batch is full."
+        ),
+    )
+    dynamic_sampling_max_rounds: int = field(
+        default=3, metadata=_help("Generation rounds per batch at most, the first included (verl max_num_gen_batches).")
+    )
+    dynamic_sampling_on_exhausted: str = field(
+        default="fill",
+        metadata=_help("When the rounds run out: 'fill' with zero-std groups (a replay buffer swaps them), 'raise'."),
+    )
     # Logging
     log_completions: bool = field(default=False, metadata=_help("Print a table of completions at each log step."))
     num_completions_to_print: int | None = field(default=8, metadata=_help("Rows of that table (None: all)."))
@@ -200,6 +214,15 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
             (0 < self.top_p <= 1, f"top_p must be in (0, 1] (got {self.top_p})."),
             (self.max_completion_length and self.max_completion_length > 0, "max_completion_length must be >= 1."),
             (0 <= self.ref_model_mixup_alpha <= 1, "ref_model_mixup_alpha must be in [0, 1]."),
+            (
+                self.dynamic_sampling_max_rounds >= 1,
+                f"dynamic_sampling_max_rounds must be >= 1 (got {self.dynamic_sampling_max_rounds}).",
+            ),
+            (
+                self.dynamic_sampling_on_exhausted in ("fill", "raise"),
+                "dynamic_sampling_on_exhausted must be 'fill' or 'raise' "
+                f"(got {self.dynamic_sampling_on_exhausted!r}).",
+            ),
         ]
         for ok, message in checks:
             if not ok:

@@ -201,7 +201,7 @@ class GRPOTrainer(ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, SafeCh
         """Called once per micro-batch: generates every `generate_every` calls and serves slices."""
         if self._step % self.generate_every == 0 or self._micro_batches is None:
             start = time.perf_counter()
-            rollout = self._generate_and_score(inputs, mode="train")
+            rollout = self._generate_training_batch(inputs)
             rollout = self._postprocess_rollout(rollout)
             # each optimizer step's loss is full-scale whether a generation serves less or more than one step
             scale = self.args.steps_per_generation / self.args.gradient_accumulation_steps
@@ -211,6 +211,15 @@ class GRPOTrainer(ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, SafeCh
         batch = self._micro_batches[self._step % self.args.steps_per_generation]
         self._step += 1
         return batch
+
+    def _generate_training_batch(self, inputs: list[dict]) -> Rollout:
+        """Generate and score a training batch; with `dynamic_sampling`, keep only groups with reward variance."""
+        rollout = self._generate_and_score(inputs, mode="train")
+        if self.args.dynamic_sampling:
+            from replayrl.grpo.dynamic_sampling import fill_with_informative_groups
+
+            rollout = fill_with_informative_groups(self, rollout, inputs)
+        return rollout
 
     def _postprocess_rollout(self, rollout: Rollout) -> Rollout:
         """Hook between scoring and the loss (training only). The replay trainer swaps groups here."""

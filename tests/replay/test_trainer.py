@@ -126,6 +126,7 @@ def test_buffer_size_zero_is_plain_grpo(tokenizer, dataset, tmp_path):
         dict(num_iterations=2, beta=0.1),
         dict(gradient_accumulation_steps=2, per_device_train_batch_size=4),
         dict(replay_importance_cap=2.0, replay_max_age=3, replay_max_reuse=2, replay_score="variance"),
+        dict(replay_importance_cap=None, replay_max_age=None, replay_max_reuse=None),  # the seed's (TRL's) semantics
     ],
 )
 def test_replay_works_with_the_other_knobs(model, tokenizer, dataset, tmp_path, overrides):
@@ -138,8 +139,10 @@ def test_replay_works_with_the_other_knobs(model, tokenizer, dataset, tmp_path, 
             b.ref_logps is not None and torch.isfinite(b.ref_logps[b.completion_mask.bool()]).all()
             for b, _, _ in trainer.seen
         )
-    if "replay_max_age" in overrides:
-        assert all(h.get("replay/age_max", 0) <= 3 for h in logs)
+    if overrides.get("replay_max_age"):
+        assert all(h.get("replay/age_max", 0) <= overrides["replay_max_age"] for h in logs)
+    if overrides.get("replay_importance_cap", 2.0) is None:
+        assert any("replay/clipped_token_frac" in h for h in logs)  # PPO ratio against the behaviour policy
 
 
 def test_conversational_data_and_two_reward_functions(model, tokenizer, chat_dataset, tmp_path):
