@@ -17,11 +17,20 @@ import tempfile
 import time
 
 
-def run_job(seed: int, extra: list[str], control: bool) -> list[float]:
-    """reward_mean per epoch of the built-in job (learning rate 0 when ``control``)."""
+def run_job(
+    seed: int, extra: list[str], control: bool, model_seed: int | None = None, vae_norm_groups: int | None = None
+) -> list[float]:
+    """reward_mean per epoch of the built-in job (learning rate 0 when ``control``; the tiny model's weights from
+    ``model_seed`` instead of the job's when given)."""
     import torch
 
+    from replayrl.cli import ddpo
     from replayrl.cli.ddpo import build_trainer, parse_args
+
+    if model_seed is not None:
+        ddpo.BUILTIN_MODEL_SEED = model_seed
+    if vae_norm_groups is not None:
+        ddpo.BUILTIN_VAE_NORM_GROUPS = vae_norm_groups
 
     args, config = parse_args(["--seed", str(seed), "--logdir", tempfile.mkdtemp(), "--save_freq", "0", *extra])
     trainer = build_trainer(args, config)
@@ -43,14 +52,20 @@ def _row(name: str, values: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--model-seed", type=int, default=None, help="tiny model weights (default: the job's)")
+    parser.add_argument("--vae-norm-groups", type=int, default=None, help="tiny VAE GroupNorm groups (1, 2, 4, 8)")
     parser.add_argument("--no-control", action="store_true", help="skip the learning-rate-0 control runs")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args, extra = parser.parse_known_args()  # anything else is passed to `replayrl ddpo`
     results = []
     for seed in args.seeds:
         start = time.perf_counter()
-        trained = run_job(seed, extra, control=False)
-        control = None if args.no_control else run_job(seed, extra, control=True)
+        trained = run_job(seed, extra, control=False, model_seed=args.model_seed, vae_norm_groups=args.vae_norm_groups)
+        control = (
+            None
+            if args.no_control
+            else run_job(seed, extra, control=True, model_seed=args.model_seed, vae_norm_groups=args.vae_norm_groups)
+        )
         results.append({"seed": seed, "trained": trained, "control": control, "seconds": time.perf_counter() - start})
         print(_row(f"seed {seed} trained", trained), flush=True)
         if control:
@@ -68,7 +83,17 @@ def main() -> None:
     )
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"seeds": args.seeds, "extra": extra, "results": results}, f, indent=1)
+            json.dump(
+                {
+                    "seeds": args.seeds,
+                    "model_seed": args.model_seed,
+                    "vae_norm_groups": args.vae_norm_groups,
+                    "extra": extra,
+                    "results": results,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":
