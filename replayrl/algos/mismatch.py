@@ -17,14 +17,22 @@ ISMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
-def engine_is_weights(trainer_logps: Tensor, engine_logps: Tensor, mask: Tensor, mode: ISMode, cap: float) -> Tensor:
+def engine_is_weights(
+    trainer_logps: Tensor,
+    engine_logps: Tensor,
+    mask: Tensor,
+    mode: ISMode,
+    cap: float | None,
+    clip_min: float | None = None,
+) -> Tensor:
     """Importance weights ``pi_trainer / pi_engine`` for tokens sampled by an engine, detached.
 
     ``trainer_logps, engine_logps, mask: (B, T)``. Token modes: one ratio per token, ``(B, T)``. Sequence modes:
     the product of a row's token ratios over its real tokens (``exp`` of the summed log-ratio), ``(B, 1)``.
-    ``*_truncate``: ``min(ratio, cap)``; ``*_mask``: ratios above ``cap`` become 0 (the token or sequence drops
-    out of the loss). Positions outside ``mask`` (and NaN engine log-probs, i.e. rows the engine did not
-    sample) contribute a log-ratio of 0.
+    Bounds ``[clip_min, cap]`` (TRL's ``C_min``, ``C_max``; None: unbounded on that side): ``*_truncate`` clamps
+    the ratio into them; ``*_mask`` sets ratios outside them to 0 (the token or sequence drops out of the loss).
+    Positions outside ``mask`` (and NaN engine log-probs, i.e. rows the engine did not sample) contribute a
+    log-ratio of 0.
     """
     if mode not in IS_MODES:
         raise ValueError(f"vllm_importance_sampling_mode must be one of {IS_MODES} (got {mode!r}).")
@@ -34,8 +42,13 @@ def engine_is_weights(trainer_logps: Tensor, engine_logps: Tensor, mask: Tensor,
         log_ratio = log_ratio.sum(-1, keepdim=True)
     ratio = torch.exp(log_ratio)
     if mode.endswith("truncate"):
-        return ratio.clamp(max=cap)
-    return ratio.masked_fill(ratio > cap, 0.0)
+        return ratio.clamp(min=clip_min, max=cap)
+    outside = torch.zeros_like(ratio, dtype=torch.bool)
+    if cap is not None:
+        outside |= ratio > cap
+    if clip_min is not None:
+        outside |= ratio < clip_min
+    return ratio.masked_fill(outside, 0.0)
 
 
 def logp_difference(trainer_logps: Tensor, engine_logps: Tensor, mask: Tensor) -> Tensor:

@@ -90,6 +90,13 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
     vllm_model_impl: str = field(default="vllm", metadata=_help("Model implementation: 'vllm' or 'transformers'."))
     vllm_enable_sleep_mode: bool = field(default=False, metadata=_help("Colocate on GPU: offload between steps."))
     vllm_guided_decoding_regex: str | None = field(default=None, metadata=_help("vLLM guided decoding regex."))
+    vllm_structured_outputs_regex: str | None = field(
+        default=None, metadata=_help("vLLM structured-outputs regex (TRL's newer name); not supported yet.")
+    )
+    vllm_group_port: int = field(
+        default=51216,
+        metadata=_help("TRL's NCCL weight-update port; replayrl syncs a server through files, so it must stay 51216."),
+    )
     vllm_importance_sampling_correction: bool = field(
         default=True, metadata=_help("Reweight tokens by pi_trainer / pi_vllm (truncated importance sampling).")
     )
@@ -97,8 +104,14 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
         default="sequence_mask",
         metadata=_help("'token_truncate', 'token_mask', 'sequence_truncate' or 'sequence_mask' (TRL's modes)."),
     )
-    vllm_importance_sampling_cap: float = field(
-        default=3.0, metadata=_help("Cap C: ratios above it are truncated to C (*_truncate) or zeroed (*_mask).")
+    vllm_importance_sampling_clip_max: float | None = field(
+        default=3.0, metadata=_help("C_max: ratios above it are truncated to it (*_truncate) or zeroed (*_mask).")
+    )
+    vllm_importance_sampling_clip_min: float | None = field(
+        default=None, metadata=_help("C_min: ratios below it are raised to it (*_truncate) or zeroed (*_mask).")
+    )
+    vllm_importance_sampling_cap: float | None = field(
+        default=None, metadata=_help("Deprecated (TRL): the same as vllm_importance_sampling_clip_max.")
     )
     # Training
     learning_rate: float = field(default=1e-6, metadata=_help("AdamW learning rate (GRPO default 1e-6)."))
@@ -185,6 +198,7 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
             self.steps_per_generation = self.generation_batch_size // per_step
 
     def _validate(self) -> None:
+        _importance_sampling_bounds(self)
         g = self.num_generations
         if g is None or g < 2:
             raise ValueError(
@@ -232,6 +246,19 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
             _validate_vllm(self)
 
 
+def _importance_sampling_bounds(args: GRPOConfig) -> None:
+    """TRL's deprecated `vllm_importance_sampling_cap` sets C_max; the bounds must make an interval."""
+    if args.vllm_importance_sampling_cap is not None:
+        args.vllm_importance_sampling_clip_max = args.vllm_importance_sampling_cap
+    high, low = args.vllm_importance_sampling_clip_max, args.vllm_importance_sampling_clip_min
+    if high is not None and high <= 0:
+        raise ValueError(f"vllm_importance_sampling_clip_max must be > 0 or None (got {high}).")
+    if low is not None and (low < 0 or (high is not None and low >= high)):
+        raise ValueError(
+            f"vllm_importance_sampling_clip_min must be >= 0 and below clip_max (got {low}, clip_max {high})."
+        )
+
+
 def _validate_vllm(args: GRPOConfig) -> None:
     """vLLM options, and vLLM itself (found without importing it: `import vllm` takes tens of seconds)."""
     import importlib.util
@@ -250,10 +277,14 @@ def _validate_vllm(args: GRPOConfig) -> None:
             f"vllm_mode='colocate' runs one in-process engine for a single training process (world_size is "
             f"{args.world_size}); use vllm_mode='server' with `replayrl vllm-serve`."
         )
-    if args.vllm_guided_decoding_regex is not None:
-        raise ValueError("vllm_guided_decoding_regex is not supported yet (the engine runs without a tokenizer).")
-    if args.vllm_importance_sampling_cap <= 0:
-        raise ValueError(f"vllm_importance_sampling_cap must be > 0 (got {args.vllm_importance_sampling_cap}).")
+    for name in ("vllm_guided_decoding_regex", "vllm_structured_outputs_regex"):
+        if getattr(args, name) is not None:
+            raise ValueError(f"{name} is not supported yet (the engine runs without a tokenizer); leave it None.")
+    if args.vllm_group_port != 51216:
+        raise ValueError(
+            f"vllm_group_port={args.vllm_group_port}: replayrl syncs weights to a vLLM server through a shared "
+            "folder, not an NCCL group, so the port is not used; leave it at its default."
+        )
     if importlib.util.find_spec("vllm") is None:
         raise MissingExtraError(VLLM_EXTRA_HINT)
 

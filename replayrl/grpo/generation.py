@@ -34,7 +34,12 @@ def engine_correction(trainer, mode: str, batch, behaviour: Tensor, is_weights: 
         return is_weights
     mask = batch.completion_mask
     weights = algos.engine_is_weights(
-        behaviour, batch.engine_logps, mask, args.vllm_importance_sampling_mode, args.vllm_importance_sampling_cap
+        behaviour,
+        batch.engine_logps,
+        mask,
+        args.vllm_importance_sampling_mode,
+        args.vllm_importance_sampling_clip_max,
+        args.vllm_importance_sampling_clip_min,
     )
     _log_mismatch(trainer, mode, behaviour, batch.engine_logps, mask, weights)
     if not args.vllm_importance_sampling_correction:

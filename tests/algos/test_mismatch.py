@@ -54,3 +54,22 @@ def test_logp_difference_and_bad_mode():
     torch.testing.assert_close(diff, torch.tensor([math.log(2), math.log(2), math.log(4), 0.0]))
     with pytest.raises(ValueError, match="token_truncate"):
         engine_is_weights(*_inputs(), mode="tis", cap=2.0)
+
+
+def test_lower_bound_truncates_or_masks_small_ratios():
+    trainer = torch.log(torch.tensor([[0.2, 0.9, 0.5]]))
+    engine = torch.log(torch.tensor([[0.8, 0.3, 0.5]]))  # ratios 0.25, 3.0, 1.0
+    mask = torch.ones(1, 3)
+    truncated = engine_is_weights(trainer, engine, mask, mode="token_truncate", cap=2.0, clip_min=0.5)
+    torch.testing.assert_close(truncated, torch.tensor([[0.5, 2.0, 1.0]]))
+    masked = engine_is_weights(trainer, engine, mask, mode="token_mask", cap=None, clip_min=0.5)
+    torch.testing.assert_close(masked, torch.tensor([[0.0, 3.0, 1.0]]))
+
+
+def test_trl_bound_names_and_the_deprecated_cap(tmp_path):
+    from replayrl import GRPOConfig
+
+    args = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, report_to="none")
+    assert GRPOConfig(**args, vllm_importance_sampling_cap=5.0).vllm_importance_sampling_clip_max == 5.0
+    with pytest.raises(ValueError, match="clip_min must be >= 0 and below clip_max"):
+        GRPOConfig(**args, vllm_importance_sampling_clip_min=4.0)
