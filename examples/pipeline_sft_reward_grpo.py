@@ -21,8 +21,14 @@ from pathlib import Path
 import torch
 from datasets import Dataset, concatenate_datasets
 
-from replayrl import GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer, RewardConfig, RewardTrainer
-from replayrl import SFTConfig, SFTTrainer
+from replayrl import (
+    GRPOWithReplayBufferConfig,
+    GRPOWithReplayBufferTrainer,
+    RewardConfig,
+    RewardTrainer,
+    SFTConfig,
+    SFTTrainer,
+)
 from replayrl.models.tiny import build_tiny_model, build_tiny_sequence_classifier, build_tokenizer
 from replayrl.rewards.builtin import exact_match
 from replayrl.tasks import addition
