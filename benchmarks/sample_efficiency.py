@@ -29,7 +29,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, median, print_table, remove_scratch, write_results  # noqa: E402
 
-ARMS = ("grpo", "replay")
+# arm -> replay settings on top of the default job's (None: plain GRPOTrainer). Knobs whose library default changed
+# are spelled out: "replay" is the job with the seed's objective and no reuse bound (the job sets max age 10), as
+# measured before the change; "default" takes GRPOWithReplayBufferConfig's current defaults under the job's settings.
+_SEED = {"replay_max_reuse": None, "replay_importance_cap": None}
+ARM_SETTINGS: dict[str, dict | None] = {
+    "grpo": None,
+    "replay": _SEED,
+    "default": {},
+    "replay_tis": {**_SEED, "replay_importance_cap": 2.0},
+    "replay_mix_tis": {**_SEED, "replay_strategy": "mix", "replay_importance_cap": 2.0},
+    "replay_fresh_tis": {"replay_importance_cap": 2.0, "replay_max_age": 4, "replay_max_reuse": 2},
+    "replay_mix_group_tis": {**_SEED, "replay_strategy": "mix_then_group", "replay_importance_cap": 2.0},
+}
+ARMS = tuple(ARM_SETTINGS)
 
 
 def greedy_success(model, tokenizer, dataset, reward, max_new_tokens: int) -> float:
@@ -61,7 +74,8 @@ def run_arm(arm: str, seed: int, base_model, tokenizer, steps: int, eval_every: 
     settings.update(max_steps=steps, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True)
     settings.update(seed=seed, output_dir=output_dir, use_cpu=True)
     replay = {k: settings.pop(k) for k in list(settings) if k.startswith("replay_")}
-    if arm == "replay":
+    if ARM_SETTINGS[arm] is not None:
+        replay.update(ARM_SETTINGS[arm])
         config, cls = GRPOWithReplayBufferConfig(**settings, **replay), GRPOWithReplayBufferTrainer
     else:
         config, cls = GRPOConfig(**settings), GRPOTrainer
@@ -174,8 +188,13 @@ def plot(runs: list[dict], path: Path, window: int) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    colours = {"grpo": "tab:blue", "replay": "tab:orange"}
-    labels = {"grpo": "GRPO", "replay": "GRPO + replay buffer"}
+    colours = {"grpo": "tab:blue", "replay": "tab:orange", "replay_tis": "tab:green", "replay_mix_tis": "tab:red"}
+    colours.update(replay_fresh_tis="tab:purple", default="tab:brown", replay_mix_group_tis="tab:pink")
+    labels = {"grpo": "GRPO", "replay": "GRPO + replay buffer", "replay_tis": "replay, importance cap 2"}
+    labels["replay_mix_tis"] = "replay mix, importance cap 2"
+    labels["replay_fresh_tis"] = "replay, cap 2, max age 4, max reuse 2"
+    labels["default"] = "replay, current defaults"
+    labels["replay_mix_group_tis"] = "replay mix_then_group, cap 2"
     for arm in ARMS:
         arm_runs = [r for r in runs if r["arm"] == arm]
         if not arm_runs:
@@ -227,6 +246,8 @@ def main(argv=None) -> None:
         default=[0.6, 0.7, 0.8, 0.85],
         help="report the completions generated until the smoothed training reward reaches each of these",
     )
+    p.add_argument("--arms", nargs="+", default=["grpo", "replay"], choices=ARMS, help="default: grpo replay")
+    p.add_argument("--output", default="sample_efficiency", help="results name (benchmarks/results/<name>.json)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: stable on a shared CPU)")
     args = p.parse_args(argv)
     import torch
@@ -244,7 +265,7 @@ def main(argv=None) -> None:
     runs = []
     for seed in seeds:
         base_model, tokenizer = build_default_model(seed)
-        for arm in ARMS if seed % 2 == 0 else ARMS[::-1]:
+        for arm in args.arms if seed % 2 == 0 else args.arms[::-1]:
             run = run_arm(arm, seed, base_model, tokenizer, steps, eval_every, str(work / f"{arm}-{seed}"))
             runs.append(run)
             print(
@@ -257,9 +278,9 @@ def main(argv=None) -> None:
     rows = summarize(runs, args.thresholds, window)
     columns = list(rows[0])
     table = print_table(rows, columns, title="\nsample efficiency, medians over seeds")
-    plot(runs, RESULTS_DIR / f"sample_efficiency{'_quick' if args.quick else ''}.png", window=window)
+    plot(runs, RESULTS_DIR / f"{args.output}{'_quick' if args.quick else ''}.png", window=window)
     payload = {"steps": steps, "seeds": seeds, "rows": rows, "table": table, "runs": runs}
-    write_results("sample_efficiency", payload, quick=args.quick)
+    write_results(args.output, payload, quick=args.quick)
     remove_scratch(work)
 
 

@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-ScaleRewards = Literal["group", "batch", "none"]
+ScaleRewards = Literal["group", "batch", "none", "mean"]
 
 
 def group_rewards_view(rewards: Tensor, num_generations: int) -> Tensor:
@@ -62,7 +62,8 @@ def group_advantages(rewards: Tensor, num_generations: int, scale_rewards: Scale
 
     ``scale_rewards`` picks the std: ``"group"`` per-group std; ``"batch"`` std of all N raw rewards (TRL's
     ``scale_rewards="batch"``, centring is still per group); ``"none"`` no division (Dr. GRPO, arXiv:2503.20783, which
-    argues the std division biases towards too-easy / too-hard prompts). Statistics use scored (non-NaN) rewards only;
+    argues the std division biases towards too-easy / too-hard prompts); ``"mean"`` divides by the group mean
+    (MaxRL, arXiv:2602.02710). Statistics use scored (non-NaN) rewards only;
     unscored samples get advantage 0.
     """
     grouped = group_rewards_view(rewards, num_generations)
@@ -73,6 +74,26 @@ def group_advantages(rewards: Tensor, num_generations: int, scale_rewards: Scale
         centred = centred / (std.unsqueeze(-1) + eps)
     elif scale_rewards == "batch":
         centred = centred / (_nan_mean_std(rewards.reshape(1, -1))[2] + eps)
+    elif scale_rewards == "mean":  # MaxRL: (r - mean) / (mean + eps); for 0/1 rewards, divide by the success rate
+        centred = centred / (mean.unsqueeze(-1) + eps)
     elif scale_rewards != "none":
-        raise ValueError(f"unknown scale_rewards {scale_rewards!r}; expected 'group', 'batch' or 'none'")
+        raise ValueError(f"unknown scale_rewards {scale_rewards!r}; expected 'group', 'batch', 'none' or 'mean'")
     return centred.reshape(-1)
+
+
+def normalize_then_sum_advantages(
+    per_func: Tensor, weights: Tensor, num_generations: int, eps: float = 1e-4
+) -> tuple[Tensor, Tensor]:
+    """GDPO (arXiv:2601.05242) multi-reward advantages: normalise each reward function within its group first,
+    ``z_k = (r_k - mean_g(r_k)) / (std_g(r_k) + eps)``, take the weighted sum ``s = sum_k w_k z_k`` (NaN = not
+    scored, skipped), then normalise ``s`` over the whole batch. ``per_func: (N, F)``, ``weights: (F,)`` ->
+    ``(s (N,), advantages (N,))``. Unlike summing first, a reward with a large scale cannot drown the others."""
+    n, f = per_func.shape
+    grouped = per_func.reshape(-1, num_generations, f).transpose(1, 2)  # (groups, F, G)
+    flat = grouped.reshape(-1, num_generations)
+    _, mean, std = _nan_mean_std(flat)
+    z = (flat - mean.unsqueeze(-1)) / (std.unsqueeze(-1) + eps)
+    z = z.reshape(-1, f, num_generations).transpose(1, 2).reshape(n, f)
+    summed = (z * weights.to(z.device).unsqueeze(0)).nansum(dim=1)
+    _, batch_mean, batch_std = _nan_mean_std(summed.reshape(1, -1))
+    return summed, (summed - batch_mean) / (batch_std + eps)

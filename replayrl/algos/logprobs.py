@@ -44,17 +44,20 @@ def entropy_from_logits(logits: Tensor, chunk_size: int = 128) -> Tensor:
 
 
 def token_logps_and_entropy(
-    logits: Tensor, index: Tensor, temperature: float, with_entropy: bool
+    logits: Tensor, index: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool = False
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs of ``index`` (and optionally entropies) under ``softmax(logits / temperature)``.
 
     ``logits: (B, T, V)``, ``index: (B, T)`` -> ``(logps (B, T), entropy (B, T) or None)``. Dividing by the sampling
     temperature makes the log-probs those of the distribution the completions were actually sampled from (as TRL).
+    ``entropy_grad``: keep the entropy in the autograd graph (for an entropy bonus in the loss).
     """
     if temperature != 1.0:
         logits = logits / temperature
     logps = selective_log_softmax(logits, index)
     if not with_entropy:
         return logps, None
+    if entropy_grad:
+        return logps, entropy_from_logits(logits)
     with torch.no_grad():  # a logged metric: without this, backward keeps ~4x the logits alive for nothing
         return logps, entropy_from_logits(logits.detach())

@@ -12,7 +12,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
+LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+# Loss types normalised by the token count of the whole (global) batch, as DAPO.
+GLOBAL_TOKEN_MEAN_LOSSES = ("dapo", "cispo", "vespo")
 
 
 def clipped_surrogate(
@@ -58,21 +60,24 @@ def token_weights(
     micro-batch. ``"grpo"``: mean over each sequence's tokens, then over sequences. ``"bnpo"``: mean over all tokens
     of the batch. ``"dr_grpo"``: sum over tokens / (N * max_completion_length) (arXiv:2503.20783). ``"dapo"``: sum over
     tokens / ``num_tokens`` (arXiv:2503.14476), where the caller passes the global token count / number of processes;
-    defaults to the local token count.
+    defaults to the local token count; ``"cispo"`` / ``"vespo"`` as dapo, ``"sapo"`` as grpo. ``"luspo"``
+    (arXiv:2602.05261): each sequence's loss scaled by its length, i.e. sum over its tokens, mean over sequences.
     """
     mask = completion_mask if completion_mask.is_floating_point() else completion_mask.to(torch.get_default_dtype())
     n = mask.shape[0]
-    if loss_type == "grpo":
+    if loss_type in ("grpo", "sapo"):
         return mask / mask.sum(-1, keepdim=True).clamp(min=1) / n
     if loss_type == "bnpo":
         return mask / mask.sum().clamp(min=1)
     if loss_type == "dr_grpo":
         return mask / (n * max_completion_length)
-    if loss_type == "dapo":
+    if loss_type == "luspo":  # sequence loss times its length = sum over its tokens, then mean over sequences
+        return mask / n
+    if loss_type in GLOBAL_TOKEN_MEAN_LOSSES:
         total = mask.sum().clamp(min=1) if num_tokens is None else num_tokens
         # A zero global count means every mask is empty, so any positive denominator gives the right (zero) weights.
         return mask / (total if total > 0 else 1.0)
-    raise ValueError(f"unknown loss_type {loss_type!r}; expected 'grpo', 'bnpo', 'dr_grpo' or 'dapo'")
+    raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {LossType.__args__}")
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:

@@ -42,6 +42,7 @@ from replayrl.cli.common import (
     set_defaults,
 )
 from replayrl.cli.common import help_text as _help
+from replayrl.grpo.config_parity import TRLParityArguments
 from replayrl.metrics import METRICS_FILE, read_metrics, summary_lines
 from replayrl.models.model_config import ModelConfig, get_peft_config, model_init_kwargs
 from replayrl.replay.config import GRPOWithReplayBufferConfig
@@ -93,7 +94,24 @@ class ScriptArguments:
 
 
 class _GRPOParser(RaisingParserMixin, HfArgumentParser):
-    pass
+    @staticmethod
+    def _parse_dataclass_field(parser, field):
+        # A field of two dataclasses (`trust_remote_code`: TRL's ModelConfig and GRPOConfig) is one flag, owned by
+        # the first; parse_grpo_args copies its value to the config.
+        if any(action.dest == field.name for action in parser._actions):
+            return
+        HfArgumentParser._parse_dataclass_field(parser, field)
+
+    def parse_known_args(self, args=None, namespace=None):
+        return super().parse_known_args(args, _SharedFlagsNamespace() if namespace is None else namespace)
+
+
+class _SharedFlagsNamespace(argparse.Namespace):
+    """HfArgumentParser deletes each dataclass's keys after reading them; a shared flag is read once."""
+
+    def __delattr__(self, name):
+        if name in self.__dict__:
+            super().__delattr__(name)
 
 
 # ---------------------------------------------------------------------------------------------- arguments
@@ -111,7 +129,8 @@ def build_grpo_parser(all_flags: bool = False) -> _GRPOParser:
         f"  {PROG} grpo --max_steps 100 --replay_buffer_size 0     # built-in job, shorter, without the buffer\n"
         f"  {PROG} grpo --config examples/qwen2_0.5b_math_boxed.yaml --learning_rate 2e-6\n"
         f"  {PROG} grpo --model_name_or_path ./my-model --dataset_name data.jsonl --prompt_column question \\\n"
-        "      --reward_funcs boxed my_rewards.format --num_generations 8 --use_peft --lora_r 8"
+        "      --reward_funcs boxed my_rewards.format --num_generations 8 --use_peft --lora_r 8\n\n"
+        "current TRL's further GRPO options (loss types, entropy, tools, ...: docs/grpo.md) are listed by --help_all."
     )
     parser = _GRPOParser(
         (ScriptArguments, ModelConfig, GRPOWithReplayBufferConfig),
@@ -123,7 +142,11 @@ def build_grpo_parser(all_flags: bool = False) -> _GRPOParser:
         allow_abbrev=False,  # with ~200 flags, prefix matching would turn typos into other flags
     )
     own = {f.name for f in fields(GRPOWithReplayBufferConfig)} - {f.name for f in fields(TrainingArguments)}
-    arrange_help(parser, _help_sections(), own | {"overwrite_output_dir"}, all_flags)
+    # current TRL's further GRPO options (docs/grpo.md) keep the concise help short: listed by --help_all
+    model_flags = {f.name for f in fields(ModelConfig)}
+    parity = [f.name for f in fields(TRLParityArguments) if f.name not in LOSS_FLAGS and f.name not in model_flags]
+    sections = _help_sections() + ([("current-TRL GRPO options (docs/grpo.md)", parity)] if all_flags else [])
+    arrange_help(parser, sections, (own - set(parity)) | {"overwrite_output_dir"}, all_flags)
     return parser
 
 
@@ -160,6 +183,7 @@ LOSS_FLAGS = [
     "epsilon_high",
     "num_iterations",
     "scale_rewards",
+    "importance_sampling_level",
     "mask_truncated_completions",
     "sync_ref_model",
 ]
@@ -192,6 +216,7 @@ def parse_grpo_args(argv: list[str]) -> tuple[ScriptArguments, ModelConfig, GRPO
     if remaining:
         raise CLIError(f"unrecognized arguments: {' '.join(remaining)} (see `{PROG} grpo --help`)")
     check_trackers(config.report_to)
+    config.trust_remote_code = model_args.trust_remote_code  # one flag for both (see _GRPOParser)
     return script, model_args, config
 
 

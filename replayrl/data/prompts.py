@@ -10,10 +10,16 @@ def is_conversational(prompt) -> bool:
     return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict) and "role" in prompt[0]
 
 
-def prompts_to_text(tokenizer, prompts: list) -> list[str]:
-    """Plain prompts pass through; conversational prompts go through the chat template."""
+def prompts_to_text(tokenizer, prompts: list, chat_template_kwargs: dict | None = None, tools=None) -> list[str]:
+    """Plain prompts pass through; conversational prompts go through the chat template, with
+    `chat_template_kwargs` (TRL's option, e.g. enable_thinking) and the `tools` the model may call."""
+    kwargs = dict(chat_template_kwargs or {})
+    if tools:
+        kwargs["tools"] = tools
     return [
-        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if is_conversational(p) else p
+        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True, **kwargs)
+        if is_conversational(p)
+        else p
         for p in prompts
     ]
 

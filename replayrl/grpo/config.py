@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from replayrl.grpo.config_parity import TRLParityArguments, validate_parity
 from replayrl.training_args import TrainingArguments
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-SCALE_REWARDS = ("group", "batch", "none")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+SCALE_REWARDS = ("group", "batch", "none", "mean")
 
 
 def _help(text: str) -> dict:
@@ -22,7 +23,7 @@ def _help(text: str) -> dict:
 
 
 @dataclass
-class GRPOConfig(TrainingArguments):
+class GRPOConfig(TRLParityArguments, TrainingArguments):
     r"""Configuration for [`GRPOTrainer`]. Only the GRPO-specific parameters are listed; the rest are
     `transformers.TrainingArguments`. Every field is also a `replayrl grpo --<field>` flag.
     """
@@ -120,11 +121,12 @@ class GRPOConfig(TrainingArguments):
             "'none' (False) does not scale (Dr. GRPO)."
         ),
     )
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = field(
+    loss_type: str = field(
         default="dapo",
         metadata=_help(
             "Token aggregation: 'grpo' (sequence mean, then batch mean), 'bnpo' (token mean over the process's "
-            "batch), 'dr_grpo' (sum / (batch * max_completion_length)), 'dapo' (token mean over the global batch)."
+            "batch), 'dr_grpo' (sum / (batch * max_completion_length)), 'dapo' (token mean over the global batch); "
+            "other per-token losses: 'cispo', 'sapo', 'luspo', 'vespo' (docs/grpo.md)."
         ),
     )
     mask_truncated_completions: bool = field(
@@ -133,6 +135,20 @@ class GRPOConfig(TrainingArguments):
     sync_ref_model: bool = field(default=False, metadata=_help("TR-DPO: periodically mix the policy into the ref."))
     ref_model_mixup_alpha: float = field(default=0.6, metadata=_help("TR-DPO alpha: ref = a*policy + (1-a)*ref."))
     ref_model_sync_steps: int = field(default=512, metadata=_help("TR-DPO tau: sync every N optimizer steps."))
+    # Dynamic sampling (DAPO, arXiv:2503.14476; verl: algorithm.filter_groups)
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata=_help(
+            "Keep only groups with reward variance, generating extra rounds for more prompts until the batch is full."
+        ),
+    )
+    dynamic_sampling_max_rounds: int = field(
+        default=3, metadata=_help("Generation rounds per batch at most, the first included (verl max_num_gen_batches).")
+    )
+    dynamic_sampling_on_exhausted: str = field(
+        default="fill",
+        metadata=_help("When the rounds run out: 'fill' with zero-std groups (a replay buffer swaps them), 'raise'."),
+    )
     # Logging
     log_completions: bool = field(default=False, metadata=_help("Print a table of completions at each log step."))
     num_completions_to_print: int | None = field(default=8, metadata=_help("Rows of that table (None: all)."))
@@ -198,10 +214,20 @@ class GRPOConfig(TrainingArguments):
             (0 < self.top_p <= 1, f"top_p must be in (0, 1] (got {self.top_p})."),
             (self.max_completion_length and self.max_completion_length > 0, "max_completion_length must be >= 1."),
             (0 <= self.ref_model_mixup_alpha <= 1, "ref_model_mixup_alpha must be in [0, 1]."),
+            (
+                self.dynamic_sampling_max_rounds >= 1,
+                f"dynamic_sampling_max_rounds must be >= 1 (got {self.dynamic_sampling_max_rounds}).",
+            ),
+            (
+                self.dynamic_sampling_on_exhausted in ("fill", "raise"),
+                "dynamic_sampling_on_exhausted must be 'fill' or 'raise' "
+                f"(got {self.dynamic_sampling_on_exhausted!r}).",
+            ),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        validate_parity(self)
         if self.use_vllm:
             _validate_vllm(self)
 

@@ -41,6 +41,7 @@ class Rollout:
     ref_logps: Tensor | None = field(default=None, metadata=_RIGHT)  # (N, C) float
     loss_weights: Tensor | None = field(default=None, metadata=_RIGHT)  # (N, C) float, see algos.token_weights
     engine_logps: Tensor | None = field(default=None, metadata=_RIGHT)  # (N, C) float, vLLM's sampled-token log-probs
+    tool_mask: Tensor | None = field(default=None, metadata=_RIGHT)  # (N, C) long, 0 = tool-result token (no loss)
 
     @property
     def num_rows(self) -> int:
@@ -114,6 +115,7 @@ class Rollout:
                 out[f.name] = torch.cat(values)
                 continue
             fill = pad_token_id if f.name.endswith("_ids") else (float("nan") if f.name.endswith("logps") else 0)
+            fill = 1 if f.name == "tool_mask" else fill  # rows without tool calls: every token is the model's
             width = max(_width(p, side) for p in parts)
             padded = [_pad_to(v, p, side, width, fill) for v, p in zip(values, parts)]
             out[f.name] = torch.cat(padded)

@@ -23,7 +23,6 @@ from collections import defaultdict
 from typing import Any
 
 import torch
-from accelerate.utils import gather_object
 from torch import Tensor
 from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
 
@@ -32,11 +31,16 @@ from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.prompts import is_conversational, prompts_to_text, tokenize_prompts
 from replayrl.generation import build_backend
 from replayrl.generation.hf import build_generation_config
+from replayrl.grpo import options
 from replayrl.grpo.checks import check_datasets
 from replayrl.grpo.config import GRPOConfig
 from replayrl.grpo.generation import engine_correction, sync_generator
+from replayrl.grpo.objective import EntropyController, Inputs, entropy_pool, grpo_objective
+from replayrl.grpo.reporting import GRPOMetricsMixin
 from replayrl.grpo.rollout import Rollout
 from replayrl.grpo.sampler import RepeatSampler
+from replayrl.grpo.streaming import StreamingDataMixin
+from replayrl.grpo.tools import ToolCallingMixin, tools_by_name
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.loading import load_causal_lm
 from replayrl.models.reference import SyncRefModelCallback
@@ -49,7 +53,7 @@ def _identity_collator(features: list[dict]) -> list[dict]:
     return features
 
 
-class GRPOTrainer(SafeCheckpointsMixin, Trainer):
+class GRPOTrainer(ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, SafeCheckpointsMixin, Trainer):
     """TRL-compatible GRPO trainer. Arguments as TRL's `GRPOTrainer` (see the seed docs)."""
 
     _tag_names = ["trl", "grpo", "replayrl"]
@@ -66,14 +70,18 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
         callbacks: list[TrainerCallback] | None = None,
         optimizers: tuple = (None, None),
         peft_config=None,
+        tools: list | None = None,
     ):
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = self._default_config(f"{name.split('/')[-1]}-GRPO")
         model_id = model if isinstance(model, str) else model.config._name_or_path
-        model = load_causal_lm(model, args.model_init_kwargs)
+        remote = {"trust_remote_code": True} if args.trust_remote_code else {}
+        init_kwargs = {**(args.model_init_kwargs or {}), **remote} if isinstance(model, str) else args.model_init_kwargs
+        model = load_causal_lm(model, init_kwargs)
+        self._apply_model_options(model, args)
         if processing_class is None:
-            processing_class = AutoTokenizer.from_pretrained(model_id, padding_side="left")
+            processing_class = AutoTokenizer.from_pretrained(model_id, padding_side="left", **remote)
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
         if peft_config is not None:
@@ -82,6 +90,10 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
             model = get_peft_model(model, peft_config)
         self.reward_funcs = RewardFunctions(reward_funcs, reward_processing_classes, args.reward_weights)
         check_datasets(args, train_dataset, eval_dataset, self.reward_funcs)
+        self.tools, self._tools = list(tools or []), tools_by_name(tools)  # functions the model may call
+        self.reward_func_names = self.reward_funcs.names  # TRL's attributes
+        self.reward_processing_classes = self.reward_funcs.processing_classes
+        self.reward_weights = self.reward_funcs.weights
         self.ref_model = self._build_ref_model(model, args, peft_config is not None)
 
         super().__init__(
@@ -98,8 +110,15 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
         self.loss_is_scaled_for_ga = True
         self.model_accepts_loss_kwargs = False
         self.num_generations = args.num_generations
+        self.num_generations_eval = args.num_generations_eval or args.num_generations
+        vars(self).update(options.trl_attributes(args))
+        self.aux_loss_enabled = options.router_aux_loss_enabled(model)
+        self.entropy_control = EntropyController.from_args(args)
+        self._entropy_denominator: dict[str, float] = {}
         self.generate_every = args.steps_per_generation * args.num_iterations
         self.generation_config = build_generation_config(args, processing_class)
+        if args.generation_kwargs:  # TRL: they override the other generation options
+            self.generation_config.update(**args.generation_kwargs)
         self.generator = build_backend(
             args, self.accelerator.unwrap_model(self.model), processing_class, self.generation_config
         )
@@ -123,6 +142,13 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
     @staticmethod
     def _default_config(output_dir: str) -> GRPOConfig:
         return GRPOConfig(output_dir=output_dir)
+
+    @staticmethod
+    def _apply_model_options(model, args: GRPOConfig) -> None:
+        if args.disable_dropout:
+            options.disable_dropout(model)
+        if args.cast_lm_head_to_fp32:
+            options.cast_lm_head_to_fp32(model)
 
     @staticmethod
     def _build_ref_model(model, args: GRPOConfig, is_peft: bool) -> PreTrainedModel | None:
@@ -162,19 +188,20 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
         )
 
     def _get_eval_sampler(self, eval_dataset):
-        if self.args.per_device_eval_batch_size % self.num_generations != 0:
+        G = self.num_generations_eval
+        if self.args.per_device_eval_batch_size % G != 0:
             raise ValueError(
                 f"per_device_eval_batch_size ({self.args.per_device_eval_batch_size}) must be a multiple of "
-                f"num_generations ({self.num_generations}) so that each process evaluates whole groups."
+                f"num_generations ({G}) so that each process evaluates whole groups."
             )
-        return RepeatSampler(eval_dataset, mini_repeat_count=self.num_generations, shuffle=False, seed=self.args.seed)
+        return RepeatSampler(eval_dataset, mini_repeat_count=G, shuffle=False, seed=self.args.seed)
 
     # ----------------------------------------------------------------------------------------- rollouts
     def _prepare_inputs(self, inputs: list[dict]) -> Rollout:
         """Called once per micro-batch: generates every `generate_every` calls and serves slices."""
         if self._step % self.generate_every == 0 or self._micro_batches is None:
             start = time.perf_counter()
-            rollout = self._generate_and_score(inputs, mode="train")
+            rollout = self._generate_training_batch(inputs)
             rollout = self._postprocess_rollout(rollout)
             # each optimizer step's loss is full-scale whether a generation serves less or more than one step
             scale = self.args.steps_per_generation / self.args.gradient_accumulation_steps
@@ -185,6 +212,15 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
         self._step += 1
         return batch
 
+    def _generate_training_batch(self, inputs: list[dict]) -> Rollout:
+        """Generate and score a training batch; with `dynamic_sampling`, keep only groups with reward variance."""
+        rollout = self._generate_and_score(inputs, mode="train")
+        if self.args.dynamic_sampling:
+            from replayrl.grpo.dynamic_sampling import fill_with_informative_groups
+
+            rollout = fill_with_informative_groups(self, rollout, inputs)
+        return rollout
+
     def _postprocess_rollout(self, rollout: Rollout) -> Rollout:
         """Hook between scoring and the loss (training only). The replay trainer swaps groups here."""
         return rollout
@@ -193,26 +229,36 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
         device = self.accelerator.device
         prompts = [x["prompt"] for x in inputs]
         columns = {k: [x[k] for x in inputs] for k in inputs[0] if k != "prompt"}
-        texts = prompts_to_text(self.processing_class, prompts)
+        texts = prompts_to_text(self.processing_class, prompts, self.args.chat_template_kwargs, self.tools)
         prompt_ids, prompt_mask = tokenize_prompts(self.processing_class, texts, self.args.max_prompt_length)
+        prompt_ids, prompt_mask = self._pad_to_multiple(prompt_ids, prompt_mask, "left")
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
         start = time.perf_counter()
         sync_generator(self, self.accelerator.unwrap_model(self.model))
         out = self.generator.generate(prompt_ids, prompt_mask)
         completion_ids, completion_mask, truncated = out.completion_ids, out.completion_mask, out.truncated
         self._metrics[mode]["timing/generation"].append(time.perf_counter() - start)
+        completion_ids, completion_mask, truncated, tool_mask, messages = self._call_tools(
+            prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, mode
+        )
+        if tool_mask is not None:
+            tool_mask = self._pad_to_multiple(tool_mask, tool_mask, "right", pad_id=1)[0]
+        completion_ids, completion_mask = self._pad_to_multiple(completion_ids, completion_mask, "right")
 
         id_lists = [ids[m.bool()].tolist() for ids, m in zip(completion_ids, completion_mask)]
         texts_out = self.processing_class.batch_decode(id_lists, skip_special_tokens=True)
-        completions = (
-            [[{"role": "assistant", "content": t}] for t in texts_out] if is_conversational(prompts[0]) else texts_out
-        )
+        completions = texts_out
+        if is_conversational(prompts[0]):  # with tools: the assistant and tool messages of every turn
+            completions = messages or [[{"role": "assistant", "content": t}] for t in texts_out]
         per_func = self.reward_funcs(prompts, completions, id_lists, columns, self.state, device)
         all_per_func = self.accelerator.gather(per_func)
-        rewards, advantages, all_rewards = self._advantages(all_per_func, len(inputs))
+        rewards, advantages, all_rewards = self._advantages(all_per_func, len(inputs), mode)
         self._log_generation_metrics(mode, all_per_func, all_rewards, completion_mask, prompt_mask, truncated)
         if self.args.log_completions:
             self._last_completions = {"prompt": texts, "completion": texts_out, "reward": rewards.tolist()}
+            self._last_completions["advantage"] = advantages.tolist()
+            for i, name in enumerate(self.reward_funcs.names):
+                self._last_completions[name] = per_func[:, i].tolist()
 
         n = len(inputs)
         rollout = Rollout(
@@ -225,11 +271,20 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
             policy_version=torch.full((n,), self.state.global_step, dtype=torch.long, device=device),
             replayed=torch.zeros(n, dtype=torch.bool, device=device),
             truncated=truncated,
-            engine_logps=out.logps,
+            tool_mask=tool_mask,
+            # the engine's log-probs cover its own tokens only: none after tool turns (generated by transformers)
+            engine_logps=None if tool_mask is not None else _fit_width(out.logps, completion_ids.shape[1]),
         )
         return self._add_logps(rollout, mode)
 
-    def _advantages(self, all_per_func: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
+    def _pad_to_multiple(self, ids: Tensor, mask: Tensor, side: str, pad_id: int | None = None):
+        pad_id = self.generation_config.pad_token_id if pad_id is None else pad_id
+        return options.pad_width_to_multiple(ids, mask, self.args.pad_to_multiple_of, side, pad_id)
+
+    def _group_size(self, mode: str) -> int:
+        return self.num_generations if mode == "train" else self.num_generations_eval
+
+    def _advantages(self, all_per_func: Tensor, n: int, mode: str = "train") -> tuple[Tensor, Tensor, Tensor]:
         """Rewards (n,) and advantages (n,) of this process's rows, and all processes' rewards, from every
         process's scores (world * n, F). Gathered so that 'batch' scaling and the logged figures use the global
         batch; groups never straddle processes, so 'group' scaling is the same either way."""
@@ -241,7 +296,12 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
             )
         if torch.isnan(all_rewards).any():
             logger.warning("Some completions were scored by no reward function (all None); they get zero advantage.")
-        all_advantages = algos.group_advantages(all_rewards, self.num_generations, self.args.scale_rewards)
+        G = self._group_size(mode)
+        if self.args.multi_objective_aggregation == "normalize_then_sum":
+            weights = self.reward_funcs.weights
+            all_advantages = algos.normalize_then_sum_advantages(all_per_func, weights, G)[1]
+        else:
+            all_advantages = algos.group_advantages(all_rewards, G, self.args.scale_rewards)
         local = slice(self.accelerator.process_index * n, (self.accelerator.process_index + 1) * n)
         return all_rewards[local], all_advantages[local], all_rewards
 
@@ -274,24 +334,37 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
         """Token weights for the loss, fixed once for the whole batch (see algos.token_weights), times
         `scale`. Slicing them per micro-batch keeps the loss independent of how the batch is split."""
         loss_mask = rollout.completion_mask.float()
+        if rollout.tool_mask is not None:  # tool results are not the model's actions
+            loss_mask = loss_mask * rollout.tool_mask
         if self.args.mask_truncated_completions:
             loss_mask = loss_mask * (~rollout.truncated).unsqueeze(1)
         num_tokens = None
-        if self.args.loss_type == "dapo":  # token mean over the global batch; DDP averages over processes
+        if self.args.loss_type in algos.GLOBAL_TOKEN_MEAN_LOSSES or self.entropy_control.enabled:
+            # token mean over the global batch; DDP averages over processes
             total = self.accelerator.reduce(loss_mask.sum(), reduction="sum")
             num_tokens = float(total) / self.accelerator.num_processes
+            mode = "train" if self.model.training else "eval"
+            self._entropy_denominator[mode] = max(num_tokens, 1.0) / scale
         weights = algos.token_weights(loss_mask, self.args.loss_type, self.args.max_completion_length, num_tokens)
         return rollout.with_(loss_weights=weights * scale)
 
     def _token_logps(self, model, rollout: Rollout, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Per-token log-probs (N, C) of the completion tokens (and entropies) at the sampling temperature.
         Only the completion positions' logits are computed (`logits_to_keep`)."""
+        logps, entropy, _ = self._policy_forward(model, rollout, with_entropy)
+        return logps, entropy
+
+    def _policy_forward(self, model, rollout: Rollout, with_entropy: bool = False, entropy_grad: bool = False):
+        """(log-probs (N, C), entropies (N, C) or None, MoE router aux loss or None) of one forward pass."""
         input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
         attention_mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
         width = rollout.completion_ids.shape[1]
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=width + 1).logits
-        logits = logits[:, :-1]  # logits at position t predict token t + 1
-        return algos.token_logps_and_entropy(logits, rollout.completion_ids, self.args.temperature, with_entropy)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=width + 1)
+        logits = out.logits[:, :-1]  # logits at position t predict token t + 1
+        logps, entropy = algos.token_logps_and_entropy(
+            logits, rollout.completion_ids, self.args.temperature, with_entropy, entropy_grad
+        )
+        return logps, entropy, getattr(out, "aux_loss", None)
 
     # ----------------------------------------------------------------------------------------- loss
     def compute_loss(self, model, inputs: Rollout, return_outputs=False, num_items_in_batch=None):
@@ -299,7 +372,8 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
             raise ValueError("GRPOTrainer does not return model outputs from compute_loss.")
         batch = inputs
         mode = "train" if model.training else "eval"
-        logps, entropy = self._token_logps(model, batch, with_entropy=True)
+        bonus = self.entropy_control.enabled and torch.is_grad_enabled()
+        logps, entropy, aux = self._policy_forward(model, batch, with_entropy=True, entropy_grad=bonus)
         current = logps.detach()
         real = batch.completion_mask.bool()
         # Missing (NaN) behaviour log-probs are on-policy rows, whose behaviour policy is the current one.
@@ -308,15 +382,22 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
             batch.old_logps = behaviour  # keep them: the replay buffer stores behaviour log-probs
         old, is_weights = self._behaviour_correction(batch, current, behaviour)
         is_weights = engine_correction(self, mode, batch, behaviour, is_weights)
-        per_token, low, high, _ = algos.clipped_surrogate(
-            logps, old, batch.advantages, self.args.epsilon, self.args.epsilon_high, is_weights
-        )
-        kl = None
+        x = Inputs(batch, logps, old, behaviour, is_weights=is_weights, entropy=entropy)
         if self.args.beta != 0.0:
-            kl = algos.kl_k3(logps, _known_or(batch.ref_logps, current, real))
-            per_token = per_token + self.args.beta * kl
-        loss = (per_token * batch.loss_weights).sum()
-        self._log_loss_metrics(mode, batch, logps, behaviour, entropy, kl, low, high)
+            x.ref = _known_or(batch.ref_logps, current, real)
+        if self.args.top_entropy_quantile < 1.0:
+            x.entropy_pool = entropy_pool(self.accelerator, entropy, batch.loss_weights > 0)
+        if self.entropy_control.enabled:
+            x.entropy_coef = self.entropy_control.applied()
+            x.entropy_weights = 1.0 / self._entropy_denominator[mode]
+        objective = grpo_objective(self.args, x)
+        loss = objective.loss
+        if self.aux_loss_enabled and aux is not None:
+            steps = self.args.gradient_accumulation_steps if mode == "train" else 1
+            loss = loss + self.args.router_aux_loss_coef * aux / steps
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather(aux.detach().reshape(1)).mean().item())
+        self._update_entropy_control(mode, entropy, objective)
+        self._log_loss_metrics(mode, batch, logps, behaviour, entropy, objective)
         return loss
 
     def _behaviour_correction(self, batch: Rollout, current: Tensor, old: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -330,59 +411,6 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
             rollout = self._finalize_rollout(self._generate_and_score(inputs, mode="eval"))
             loss = self.compute_loss(model, rollout)
         return loss.detach(), None, None
-
-    # ----------------------------------------------------------------------------------------- metrics
-    def _reduce_means(self, mode: str, sums: dict[str, tuple[Tensor, Tensor]]) -> None:
-        """Global means of several (sum, count) pairs with one all-reduce; skipped keys have count 0."""
-        if not sums:
-            return
-        stacked = torch.stack([torch.stack([s.float(), c.float()]) for s, c in sums.values()])
-        stacked = self.accelerator.reduce(stacked.to(self.accelerator.device), reduction="sum")
-        for key, (total, count) in zip(sums, stacked.tolist()):
-            if count > 0:
-                self._metrics[mode][key].append(total / count)
-
-    def _log_loss_metrics(self, mode, batch: Rollout, logps, behaviour, entropy, kl, low, high) -> None:
-        mask = batch.loss_weights > 0
-        n = mask.sum()
-        region = low | high
-
-        def masked(x: Tensor) -> tuple[Tensor, Tensor]:
-            return x.detach().float()[mask].sum(), n
-
-        sums = {"entropy": masked(entropy), "clip_ratio/low_mean": masked(low), "clip_ratio/high_mean": masked(high)}
-        sums["clip_ratio/region_mean"] = masked(region)
-        if kl is not None:
-            sums["kl"] = masked(kl)
-        sums.update(self._extra_loss_metrics(batch, logps, behaviour, mask))
-        self._reduce_means(mode, sums)
-
-    def _extra_loss_metrics(self, batch: Rollout, logps: Tensor, behaviour: Tensor, mask: Tensor) -> dict:
-        """Hook: more (sum, count) metrics from the loss pass."""
-        return {}
-
-    def _log_generation_metrics(self, mode, all_per_func, all_rewards, completion_mask, prompt_mask, truncated):
-        metrics = self._metrics[mode]
-        lengths = self.accelerator.gather(completion_mask.sum(1)).float()
-        tokens = self.accelerator.gather(completion_mask.sum() + prompt_mask.sum()).sum()
-        all_truncated = self.accelerator.gather(truncated).float()
-        if mode == "train":
-            self._total_tokens += int(tokens)
-            metrics["num_tokens"] = [float(self._total_tokens)]
-        metrics["completion_length"].append(lengths.mean().item())
-        metrics["completions/min_length"].append(lengths.min().item())
-        metrics["completions/max_length"].append(lengths.max().item())
-        metrics["completions/clipped_ratio"].append(all_truncated.mean().item())
-        for i, name in enumerate(self.reward_funcs.names):
-            column = all_per_func[:, i]
-            column = column[~column.isnan()]
-            if len(column):
-                metrics[f"rewards/{name}/mean"].append(column.mean().item())
-                metrics[f"rewards/{name}/std"].append(column.std().item() if len(column) > 1 else 0.0)
-        metrics["reward"].append(all_rewards.nanmean().item())
-        metrics["reward_std"].append(algos.group_std(all_rewards, self.num_generations).mean().item())
-        zero = algos.zero_std_groups(all_rewards, self.num_generations)
-        metrics["frac_reward_zero_std"].append(zero.float().mean().item())
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         start, generation_before = time.perf_counter(), self._generation_seconds
@@ -412,20 +440,11 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
             self._print_completions()
         super().log(logs, start_time)
 
-    def _print_completions(self) -> None:
-        table = {k: gather_object(v) for k, v in self._last_completions.items()}
-        self._last_completions = {}
-        if not self.accelerator.is_main_process:
-            return
-        limit = self.args.num_completions_to_print or len(table["prompt"])
-        print(f"\n{'prompt':<40} | {'completion':<40} | reward")
-        for p, c, r in list(zip(table["prompt"], table["completion"], table["reward"]))[:limit]:
-            print(f"{p[-40:]!r:<40} | {c[:40]!r:<40} | {r:.3f}")
-
     # ----------------------------------------------------------------------------------------- checkpoints
     def _extra_state(self) -> dict:
         """Trainer state that plain Trainer checkpoints lack. Subclasses extend it."""
         state = {"step": self._step, "total_tokens": self._total_tokens, "micro_batches": None, "ref_model": None}
+        state["entropy_control"] = self.entropy_control.state_dict()  # adaptive entropy coefficient
         if self._micro_batches is not None and self._step % self.generate_every != 0:  # mid-generation cycle
             state["micro_batches"] = [mb.to("cpu").state_dict() for mb in self._micro_batches]
         if self.args.sync_ref_model:
@@ -435,6 +454,8 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
     def _load_extra_state(self, state: dict) -> None:
         self._step = state["step"]
         self._total_tokens = state["total_tokens"]
+        if state.get("entropy_control") is not None:
+            self.entropy_control.load_state_dict(state["entropy_control"])
         if state["micro_batches"] is not None:
             device = self.accelerator.device
             self._micro_batches = [Rollout.from_state_dict(s).to(device) for s in state["micro_batches"]]
@@ -443,6 +464,15 @@ class GRPOTrainer(SafeCheckpointsMixin, Trainer):
 
     def _checkpoint_settings(self) -> dict:
         return {**super()._checkpoint_settings(), "num_generations": self.num_generations}
+
+
+def _fit_width(values: Tensor | None, width: int) -> Tensor | None:
+    """(N, C') -> (N, width): cut, or right-pad with zeros (padding positions are masked wherever used)."""
+    if values is None or values.shape[1] == width:
+        return values
+    if values.shape[1] > width:
+        return values[:, :width]
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
 
 
 def _known_or(values: Tensor | None, current: Tensor, real: Tensor) -> Tensor:

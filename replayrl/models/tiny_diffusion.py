@@ -38,18 +38,21 @@ def build_clip_tokenizer(max_length: int = MAX_PROMPT_TOKENS):
     return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=max_length)
 
 
-def build_tiny_sd_pipeline(seed: int = 0, image_size: int = 16):
+def build_tiny_sd_pipeline(seed: int = 0, image_size: int = 16, vae_norm_groups: int = 8):
     """A ``diffusers.StableDiffusionPipeline`` of ~1 M parameters making ``image_size`` square RGB images.
 
     Weights are random but fixed by ``seed``; the VAE halves the resolution, so latents are
-    ``(4, image_size / 2, image_size / 2)``. No safety checker.
+    ``(4, image_size / 2, image_size / 2)``. No safety checker. ``vae_norm_groups`` (1, 2, 4 or 8) is the VAE's
+    GroupNorm group count: with 8 (one channel per group in the decoder's last block) the decoder's final
+    GroupNorm pins each output colour's mean per image; with 1 it normalises all channels together, so the colour
+    balance varies with the latents (the `replayrl ddpo` built-in job uses 1).
     """
     diffusers = require_diffusers()
     from transformers import CLIPTextConfig, CLIPTextModel
 
     tokenizer = build_clip_tokenizer()
     torch.manual_seed(seed)
-    unet, vae = _tiny_unet(diffusers, image_size), _tiny_vae(diffusers, image_size)
+    unet, vae = _tiny_unet(diffusers, image_size), _tiny_vae(diffusers, image_size, vae_norm_groups)
     text_config = CLIPTextConfig(
         vocab_size=len(tokenizer),
         hidden_size=32,
@@ -105,7 +108,7 @@ def _tiny_unet(diffusers, image_size: int):
     )
 
 
-def _tiny_vae(diffusers, image_size: int):
+def _tiny_vae(diffusers, image_size: int, norm_groups: int = 8):
     return diffusers.AutoencoderKL(
         in_channels=3,
         out_channels=3,
@@ -113,6 +116,6 @@ def _tiny_vae(diffusers, image_size: int):
         down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
         up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
         latent_channels=4,
-        norm_num_groups=8,
+        norm_num_groups=norm_groups,
         sample_size=image_size,
     )

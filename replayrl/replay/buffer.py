@@ -14,6 +14,7 @@ from torch import Tensor
 
 from replayrl.algos import group_std
 from replayrl.grpo.rollout import Rollout
+from replayrl.replay.trl_compat import ScoredHeap, is_trl_add
 
 ReplayScore = Literal["adv_std", "variance", "uniform"]
 
@@ -47,6 +48,9 @@ class ReplayGroup:
 class ReplayBuffer:
     """Keeps the `capacity` highest-scoring groups.
 
+    Also TRL's interface (see `replay/trl_compat.py`): ``ReplayBuffer(max_size=...)``, ``add(scores, data)``,
+    ``sample(num_samples)`` (None when empty) and ``heap``; TRL-style items live in their own store.
+
     `add` evicts the lowest score when full (ties: the oldest), and drops a newcomer that scores below
     everything kept. `sample(k)` draws up to k distinct groups with probability proportional to score and
     returns fewer when the buffer holds fewer (the caller logs the shortfall). `max_age` (optimizer steps)
@@ -54,9 +58,23 @@ class ReplayBuffer:
     applies the same operations holds the same buffer and draws the same groups.
     """
 
-    def __init__(self, capacity: int, seed: int = 0, max_age: int | None = None, max_reuse: int | None = None):
+    def __init__(
+        self,
+        capacity: int | None = None,
+        seed: int = 0,
+        max_age: int | None = None,
+        max_reuse: int | None = None,
+        *,
+        max_size: int | None = None,
+    ):
+        if (capacity is None) == (max_size is None):
+            raise ValueError("Give the buffer size once: ReplayBuffer(capacity) or ReplayBuffer(max_size=...) (TRL).")
+        capacity = capacity if capacity is not None else max_size
         if capacity < 0:
             raise ValueError(f"replay_buffer_size must be >= 0 (got {capacity}).")
+        self.max_size = capacity  # TRL's name
+        self.scored = ScoredHeap(capacity)  # TRL-style (score, data) items
+        self._trl_style = max_size is not None
         self.capacity = capacity
         self.max_age = max_age
         self.max_reuse = max_reuse
@@ -65,9 +83,23 @@ class ReplayBuffer:
         self._next_uid = 0
 
     def __len__(self) -> int:
-        return len(self.groups)
+        return len(self.groups) + len(self.scored)
 
-    def add(self, rollout: Rollout, score: float, version: int) -> bool:
+    @property
+    def heap(self) -> list[tuple[float, object]]:
+        """TRL's view: ``(score, data)`` pairs, lowest score first (groups appear as `ReplayGroup` data)."""
+        if self._trl_style:
+            return self.scored.heap
+        return sorted(((g.score, g) for g in self.groups), key=lambda pair: (pair[0], pair[1].uid))
+
+    def add(self, *args, **kwargs):
+        """``add(rollout, score, version) -> bool`` stores a group; ``add(scores, data)`` is TRL's call."""
+        if is_trl_add(args, kwargs):
+            self._trl_style = True
+            return self.scored.add(*args, **kwargs)
+        return self._add_group(*args, **kwargs)
+
+    def _add_group(self, rollout: Rollout, score: float, version: int) -> bool:
         """Store a group (detached copy on CPU). Returns whether it was kept."""
         if self.capacity == 0:
             return False
@@ -91,7 +123,10 @@ class ReplayBuffer:
 
     def sample(self, k: int) -> list[ReplayGroup]:
         """Up to k distinct groups, drawn with probability proportional to score; each drawn group's reuse
-        count goes up and it leaves the buffer once it reaches `max_reuse`."""
+        count goes up and it leaves the buffer once it reaches `max_reuse`. A TRL-style buffer follows TRL:
+        ``k`` items, with replacement only when more are asked than held, None when empty."""
+        if self._trl_style:
+            return self.scored.sample(k, self.generator)
         k = min(k, len(self.groups))
         if k == 0:
             return []
@@ -118,6 +153,8 @@ class ReplayBuffer:
             "max_age": self.max_age,
             "max_reuse": self.max_reuse,
             "next_uid": self._next_uid,
+            "trl_style": self._trl_style,
+            "scored": self.scored.state_dict(),
             "generator": self.generator.get_state(),
             "groups": [
                 {
@@ -134,6 +171,9 @@ class ReplayBuffer:
     def load_state_dict(self, state: dict) -> None:
         self.capacity, self.max_age, self.max_reuse = state["capacity"], state["max_age"], state["max_reuse"]
         self._next_uid = state["next_uid"]
+        self._trl_style = state.get("trl_style", False)
+        if "scored" in state:
+            self.scored.load_state_dict(state["scored"])
         self.generator.set_state(state["generator"])
         self.groups = [
             ReplayGroup(Rollout.from_state_dict(g["rollout"]), g["score"], g["version"], g["uid"], g["reuse"])

@@ -24,16 +24,25 @@ class GRPOWithReplayBufferConfig(GRPOConfig):
         default=1e-6, metadata={"help": "A group is zero-std when max(r) - min(r) <= this tolerance."}
     )
     replay_max_age: int | None = field(
-        default=None, metadata={"help": "Evict groups generated more than this many optimizer steps ago."}
+        default=10,
+        metadata={"help": "Evict groups generated more than this many optimizer steps ago (None: no bound)."},
     )
     replay_max_reuse: int | None = field(
-        default=None, metadata={"help": "Evict a group after it has been replayed this many times."}
+        default=None, metadata={"help": "Evict a group after it has been replayed this many times (None: no bound)."}
+    )
+    replay_strategy: Literal["group", "mix", "mix_then_group"] = field(
+        default="group",
+        metadata={
+            "help": "What fills a zero-std group: 'group' (the seed's: a buffered group of another prompt), 'mix' "
+            "(ExGRPO, arXiv:2510.02245: the prompt's latest stored success replaces one of its fresh rows, "
+            "advantages recomputed), 'mix_then_group' (mix, then swap the groups still zero-std)."
+        },
     )
     replay_importance_cap: float | None = field(
-        default=None,
+        default=2.0,
         metadata={
             "help": "If set, replayed rows use the decoupled objective: ratio against the current policy, times "
-            "a truncated importance weight min(pi/mu, cap) (arXiv:2110.00641). Default: ratio against mu."
+            "a truncated importance weight min(pi/mu, cap) (arXiv:2110.00641). None: PPO ratio against mu, clipped."
         },
     )
 
@@ -43,6 +52,10 @@ class GRPOWithReplayBufferConfig(GRPOConfig):
             raise ValueError(f"replay_buffer_size must be >= 0 (got {self.replay_buffer_size}); 0 disables it.")
         if self.replay_score not in ("adv_std", "variance", "uniform"):
             raise ValueError(f"replay_score must be 'adv_std', 'variance' or 'uniform' (got {self.replay_score!r}).")
+        if self.replay_strategy not in ("group", "mix", "mix_then_group"):
+            raise ValueError(
+                f"replay_strategy must be 'group', 'mix' or 'mix_then_group' (got {self.replay_strategy!r})."
+            )
         for name in ("replay_max_age", "replay_max_reuse"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -5,7 +5,9 @@ whose rewards are all equal (within `replay_zero_std_atol`) carries no advantage
 buffered group drawn in proportion to its score. Decisions are taken on the global batch, identically on
 every process (one logical buffer); each process swaps its own slots. Groups with variance enter the
 buffer after their first loss pass, carrying their behaviour log-probs and policy version, so a replayed
-group is trained as the off-policy data it is: the PPO ratio is taken against the behaviour log-probs.
+group is trained as the off-policy data it is: by default with truncated importance weights against the
+behaviour log-probs (`replay_importance_cap`), else the PPO ratio against them. `replay_strategy="mix"` instead puts
+a prompt's stored success into its own all-failed group (ExGRPO; `replay/mixing.py`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from replayrl.grpo.rollout import Rollout
 from replayrl.grpo.trainer import GRPOTrainer
 from replayrl.replay.buffer import ReplayBuffer, group_score
 from replayrl.replay.config import GRPOWithReplayBufferConfig
+from replayrl.replay.diagnostics import replay_loss_metrics
+from replayrl.replay.mixing import STORE_PROMPTS, SuccessStore, mix_into_group, prompt_key, successes_of_group
 
 logger = logging.getLogger(__name__)
 
@@ -48,11 +52,28 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
             if size > 0
             else None
         )
+        self.success_store = None
+        if size > 0 and getattr(cfg, "replay_strategy", "group") != "group":
+            max_age, max_reuse = getattr(cfg, "replay_max_age", None), getattr(cfg, "replay_max_reuse", None)
+            self.success_store = SuccessStore(STORE_PROMPTS, max_age, max_reuse)
+        self._replayed_uids: set[int] = set()  # for replay/distinct_frac (since the start of training)
+        self._replays = 0
 
     # ------------------------------------------------------------------ replace zero-std groups
     def _postprocess_rollout(self, rollout: Rollout) -> Rollout:
         if self.replay_buffer is None:
             return rollout
+        strategy = getattr(self.args, "replay_strategy", "group")
+        if self.success_store is not None:
+            rollout = self._mix_successes(rollout)
+        if strategy == "mix":
+            zero = algos.zero_std_groups(rollout.rewards, self.num_generations, self.args.replay_zero_std_atol)
+            all_zero = self.accelerator.gather(zero)
+            self._metrics["train"]["replay/frac_zero_std_trained"].append(float(all_zero.float().mean()))
+            return rollout
+        return self._replace_zero_std_groups(rollout)
+
+    def _replace_zero_std_groups(self, rollout: Rollout) -> Rollout:
         G = self.num_generations
         zero = algos.zero_std_groups(rollout.rewards, G, self.args.replay_zero_std_atol)
         all_zero = self.accelerator.gather(zero)  # same decisions on every rank
@@ -71,6 +92,31 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
                 groups.append(rollout.rows(slice(g * G, (g + 1) * G)))
         self._log_replacement(all_zero, picks)
         return Rollout.concat(groups, pad_token_id=self.generation_config.pad_token_id) if replaced else rollout
+
+    def _mix_successes(self, rollout: Rollout) -> Rollout:
+        """ExGRPO-style: each zero-std group whose prompt has a stored success with a higher reward gets that
+        success in place of its last row (docs/replay.md). Local decisions: the store is the same everywhere."""
+        G, step = self.num_generations, self.state.global_step
+        zero = algos.zero_std_groups(rollout.rewards, G, self.args.replay_zero_std_atol).tolist()
+        groups, ages = [], []
+        for g, is_zero in enumerate(zero):
+            group = rollout.rows(slice(g * G, (g + 1) * G))
+            key = prompt_key(group.prompt_ids[0], group.prompt_mask[0]) if is_zero else None
+            stored = self.success_store.peek(key, step) if key is not None else None
+            if stored is not None and float(stored.row.rewards[0]) > float(group.rewards.nan_to_num(0).max()):
+                self.success_store.take(key, step)
+                pad = self.generation_config.pad_token_id
+                group = mix_into_group(group, stored.row, self.args.scale_rewards, pad)
+                ages.append(step - stored.version)
+            groups.append(group)
+        counts = torch.tensor([float(len(ages)), float(sum(ages))], device=rollout.rewards.device)
+        counts = self.accelerator.reduce(counts, reduction="sum").tolist()
+        self._metrics["train"]["replay/rows_mixed"].append(counts[0])
+        if counts[0]:
+            self._metrics["train"]["replay/mix_age_mean"].append(counts[1] / counts[0])
+        if not ages:
+            return rollout
+        return Rollout.concat(groups, pad_token_id=self.generation_config.pad_token_id)
 
     def _as_replayed(self, stored: Rollout, like: Rollout) -> Rollout:
         """A buffered group ready to sit in a fresh batch: on the batch's device, flagged as replayed."""
@@ -91,6 +137,10 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
             m["replay/age_mean"].append(sum(ages) / len(ages))
             m["replay/age_max"].append(float(max(ages)))
             m["replay/reuse_mean"].append(sum(p.reuse for p in picks) / len(picks))
+            self._replayed_uids.update(p.uid for p in picks)
+            self._replays += len(picks)
+        if self._replays:  # 1.0: every replay was a different group; near 0: the same few groups over and over
+            m["replay/distinct_frac"].append(len(self._replayed_uids) / self._replays)
 
     # ------------------------------------------------------------------ store informative groups
     def _after_first_pass(self, micro_batches: list[Rollout]) -> None:
@@ -102,16 +152,23 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
         rollout = micro_batches[0] if len(micro_batches) == 1 else Rollout.concat(micro_batches)
         G = self.num_generations
         zero = algos.zero_std_groups(rollout.rewards, G, self.args.replay_zero_std_atol).tolist()
-        candidates = []
+        candidates, successes = [], []
         for g, is_zero in enumerate(zero):
             group = rollout.rows(slice(g * G, (g + 1) * G))
             if is_zero or bool(group.replayed.any()):
                 continue
+            best = successes_of_group(group) if self.success_store is not None else None
+            if best is not None:
+                row = group.rows(slice(best, best + 1)).with_(loss_weights=None).trim().to("cpu")
+                successes.append((prompt_key(row.prompt_ids[0], row.prompt_mask[0]), row))
             score = group_score(group.rewards.cpu(), group.advantages.cpu(), self.args.replay_score)
             stored = group.with_(loss_weights=None).trim().to("cpu")  # the buffer makes the one copy
             candidates.append((stored, score, int(group.policy_version[0])))
         for stored, score, version in _flatten(gather_object([candidates])):
             self.replay_buffer.add(stored, score, version)
+        if self.success_store is not None:
+            for key, row in _flatten(gather_object([successes])):
+                self.success_store.add(key, row, int(row.policy_version[0]))
 
     # ------------------------------------------------------------------ off-policy correction
     def _behaviour_correction(self, batch: Rollout, current: Tensor, old: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -120,25 +177,28 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
             return old, None
         replayed = batch.replayed.unsqueeze(1)
         proximal = torch.where(replayed, current, old)
-        weights = torch.where(replayed, algos.truncated_is_weights(current, old, cap), torch.ones_like(old))
+        if self.args.importance_sampling_level == "sequence":  # GSPO: one truncated weight per sequence
+            log_w = algos.importance_log_weights(current, old, batch.loss_weights > 0, "sequence")
+            truncated = torch.exp(log_w).clamp(max=cap).expand_as(old)
+        else:
+            truncated = algos.truncated_is_weights(current, old, cap)
+        weights = torch.where(replayed, truncated, torch.ones_like(old))
         return proximal, weights
 
     def _extra_loss_metrics(self, batch: Rollout, logps: Tensor, behaviour: Tensor, mask: Tensor) -> dict:
-        """Importance ratio pi_theta / pi_behaviour on replayed tokens."""
+        """What replayed rows contribute to the loss (docs/metrics.md): ratio, clipped share, weight shares."""
         if self.replay_buffer is None:
             return {}
-        replayed = mask & batch.replayed.unsqueeze(1)
-        log_ratio = (logps.detach().float() - behaviour.float())[replayed]
-        count = replayed.sum()
-        return {
-            "replay/importance_ratio_mean": (log_ratio.exp().sum(), count),
-            "replay/importance_ratio_abs_log_mean": (log_ratio.abs().sum(), count),
-        }
+        eps = (self.args.epsilon, self.args.epsilon_high)
+        decoupled = getattr(self.args, "replay_importance_cap", None) is not None
+        return replay_loss_metrics(batch, logps.detach(), behaviour, mask, eps, decoupled)
 
     # ------------------------------------------------------------------ checkpoints
     def _extra_state(self) -> dict:
         state = super()._extra_state()
         state["replay_buffer"] = None if self.replay_buffer is None else self.replay_buffer.state_dict()
+        state["success_store"] = None if self.success_store is None else self.success_store.state_dict()
+        state["replay_counts"] = {"uids": sorted(self._replayed_uids), "replays": self._replays}
         return state
 
     def _load_extra_state(self, state: dict) -> None:
@@ -148,6 +208,10 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
             # the run's settings rule: a changed size keeps the highest-scored groups (see _adapt_settings)
             args = self.args
             self.replay_buffer.reconfigure(args.replay_buffer_size, args.replay_max_age, args.replay_max_reuse)
+        if self.success_store is not None and state.get("success_store") is not None:
+            self.success_store.load_state_dict(state["success_store"])
+        counts = state.get("replay_counts") or {"uids": [], "replays": 0}
+        self._replayed_uids, self._replays = set(counts["uids"]), counts["replays"]
 
     adaptable_settings = frozenset({"replay_buffer_size"})
 

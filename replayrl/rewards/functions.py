@@ -72,7 +72,8 @@ class RewardFunctions:
             classes = [classes]
         if len(classes) != len(self.funcs):
             raise ValueError(
-                f"reward_processing_classes has {len(classes)} entries for {len(self.funcs)} reward functions."
+                f"The number of reward_processing_classes must match the number of reward functions: got "
+                f"{len(classes)} entries for {len(self.funcs)} reward functions."
             )
         resolved = []
         for func, tok in zip(self.funcs, classes):

@@ -102,3 +102,21 @@ def test_low_precision_latents_are_scored_as_stored():
     assert step.latents.dtype == torch.bfloat16 and step.log_probs.dtype == torch.float32
     again = pipe.scheduler_step(model_output, t, sample, eta=1.0, prev_sample=step.latents)
     assert torch.equal(again.log_probs, step.log_probs)
+
+
+def test_one_group_vae_unpins_the_colour_balance():
+    """With one channel per GroupNorm group the decoder pins each colour's mean; with one group it does not."""
+    import torch
+
+    from replayrl.ddpo.pipeline import decode_latents
+    from replayrl.ddpo.rewards import redness
+    from replayrl.models.tiny_diffusion import build_tiny_sd_pipeline
+
+    latents = torch.randn(16, 4, 8, 8, generator=torch.Generator().manual_seed(0))
+    spread = {}
+    for groups in (8, 1):
+        pipe = build_tiny_sd_pipeline(0, vae_norm_groups=groups)
+        assert pipe.vae.config.norm_num_groups == groups
+        with torch.no_grad():
+            spread[groups] = redness(decode_latents(pipe, latents), None, None)[0].std().item()
+    assert spread[1] > 3 * spread[8]

@@ -126,6 +126,7 @@ def test_buffer_size_zero_is_plain_grpo(tokenizer, dataset, tmp_path):
         dict(num_iterations=2, beta=0.1),
         dict(gradient_accumulation_steps=2, per_device_train_batch_size=4),
         dict(replay_importance_cap=2.0, replay_max_age=3, replay_max_reuse=2, replay_score="variance"),
+        dict(replay_importance_cap=None, replay_max_age=None, replay_max_reuse=None),  # the seed's (TRL's) semantics
     ],
 )
 def test_replay_works_with_the_other_knobs(model, tokenizer, dataset, tmp_path, overrides):
@@ -138,8 +139,10 @@ def test_replay_works_with_the_other_knobs(model, tokenizer, dataset, tmp_path, 
             b.ref_logps is not None and torch.isfinite(b.ref_logps[b.completion_mask.bool()]).all()
             for b, _, _ in trainer.seen
         )
-    if "replay_max_age" in overrides:
-        assert all(h.get("replay/age_max", 0) <= 3 for h in logs)
+    if overrides.get("replay_max_age"):
+        assert all(h.get("replay/age_max", 0) <= overrides["replay_max_age"] for h in logs)
+    if overrides.get("replay_importance_cap", 2.0) is None:
+        assert any("replay/clipped_token_frac" in h for h in logs)  # PPO ratio against the behaviour policy
 
 
 def test_conversational_data_and_two_reward_functions(model, tokenizer, chat_dataset, tmp_path):
@@ -257,3 +260,32 @@ def test_replayed_groups_of_other_widths_keep_the_loss_finite_with_kl(model, tok
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert all(torch.isfinite(torch.tensor([h["loss"], h["grad_norm"], h["kl"]])).all() for h in logs)
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+class SpyReplay(GRPOWithReplayBufferTrainer):
+    """Records the importance weights that reached the loss."""
+
+    def _behaviour_correction(self, batch, current, old):
+        proximal, weights = super()._behaviour_correction(batch, current, old)
+        self.weights = getattr(self, "weights", []) + [(batch, weights)]
+        return proximal, weights
+
+
+def test_replay_under_gspo_uses_one_importance_weight_per_replayed_sequence(model, tokenizer, dataset, tmp_path):
+    trainer = make(
+        model, tokenizer, dataset, tmp_path, cls=SpyReplay, max_steps=8, importance_sampling_level="sequence",
+        replay_importance_cap=2.0, loss_type="luspo",
+    )  # fmt: skip
+    trainer.train()
+    replayed_rows = 0
+    for batch, weights in trainer.weights:
+        mask = batch.loss_weights > 0
+        for row in range(batch.num_rows):
+            values = weights[row][mask[row]]
+            if batch.replayed[row] and len(values):
+                replayed_rows += 1
+                assert torch.allclose(values, values[0].expand_as(values))  # one weight for the whole sequence
+                assert values[0] <= 2.0
+            else:
+                assert torch.equal(values, torch.ones_like(values))
+    assert replayed_rows > 0

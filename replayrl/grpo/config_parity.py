@@ -1,0 +1,221 @@
+"""The `GRPOConfig` fields of current TRL (1.x) beyond the seed's, with TRL's names and defaults, and their checks.
+
+Kept apart from `config.py` so the options added for TRL parity live in one place; `GRPOConfig` inherits them.
+Every field here is implemented (see docs/grpo.md), or refused with a ValueError naming why when set to a
+non-default value (never accepted and ignored).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import TrainingArguments
+
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass
+class TRLParityArguments:
+    """Options of current TRL's `GRPOConfig` that the seed predates."""
+
+    _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + [
+        "generation_kwargs",
+        "chat_template_kwargs",
+        "transformers_continuous_batching_config",
+    ]
+
+    # Model
+    trust_remote_code: bool = field(
+        default=False, metadata=_help("Allow custom modelling code when loading the model/tokenizer by name.")
+    )
+    disable_dropout: bool = field(default=False, metadata=_help("Set every dropout probability of the policy to 0."))
+    cast_lm_head_to_fp32: bool = field(
+        default=False,
+        metadata=_help("Run the LM head in float32 (ScaleRL, arXiv:2510.13786). Needs untied embeddings."),
+    )
+    router_aux_loss_coef: float = field(
+        default=0.001,
+        metadata=_help(
+            "MoE router auxiliary-loss coefficient; the loss is added when the model config has "
+            "output_router_logits=True (the trainer's `aux_loss_enabled`)."
+        ),
+    )
+    # Data / generation
+    num_generations_eval: int | None = field(
+        default=None, metadata=_help("Completions per prompt during evaluation; None: num_generations.")
+    )
+    pad_to_multiple_of: int | None = field(
+        default=None, metadata=_help("Pad prompt and completion widths to a multiple of this (fixed shapes).")
+    )
+    generation_kwargs: dict[str, Any] | str | None = field(
+        default=None,
+        metadata=_help("Extra GenerationConfig keyword arguments; they override the other generation options."),
+    )
+    chat_template_kwargs: dict[str, Any] | str | None = field(
+        default=None, metadata=_help("Extra keyword arguments for apply_chat_template (e.g. enable_thinking).")
+    )
+    use_transformers_paged: bool = field(default=False, metadata=_help("transformers paged generation (refused)."))
+    use_transformers_continuous_batching: bool = field(
+        default=False, metadata=_help("transformers continuous batching (refused).")
+    )
+    transformers_continuous_batching_config: dict | str | None = field(
+        default=None, metadata=_help("Continuous batching config (refused).")
+    )
+    # Loss
+    delta: float | None = field(
+        default=None,
+        metadata=_help(
+            "Two-sided clipping (INTELLECT-2, arXiv:2505.07291): cap the unclipped ratio at delta (> 1+eps)."
+        ),
+    )
+    sapo_temperature_neg: float = field(default=1.05, metadata=_help("SAPO gate temperature where A <= 0."))
+    sapo_temperature_pos: float = field(default=1.0, metadata=_help("SAPO gate temperature where A > 0."))
+    vespo_k_pos: float = field(default=2.0, metadata=_help("VESPO gamma shape k for A >= 0."))
+    vespo_lambda_pos: float = field(default=3.0, metadata=_help("VESPO gamma rate lambda for A >= 0."))
+    vespo_k_neg: float = field(default=3.0, metadata=_help("VESPO gamma shape k for A < 0."))
+    vespo_lambda_neg: float = field(default=2.0, metadata=_help("VESPO gamma rate lambda for A < 0."))
+    importance_sampling_level: str = field(
+        default="token",
+        metadata=_help("'token': one ratio per token; 'sequence': GSPO (arXiv:2507.18071), one ratio per sequence."),
+    )
+    multi_objective_aggregation: str = field(
+        default="sum_then_normalize",
+        metadata=_help(
+            "'sum_then_normalize': weighted sum of rewards, then scale_rewards; 'normalize_then_sum' (GDPO, "
+            "arXiv:2601.05242): normalise each reward within its group, weighted sum, then normalise over the batch."
+        ),
+    )
+    top_entropy_quantile: float = field(
+        default=1.0,
+        metadata=_help("Train only on the top-rho fraction of tokens by entropy (arXiv:2506.01939); 1.0 keeps all."),
+    )
+    entropy_coef: float = field(default=0.0, metadata=_help("Entropy bonus: loss -= entropy_coef * mean entropy."))
+    use_adaptive_entropy: bool = field(
+        default=False, metadata=_help("Adapt entropy_coef each step towards keeping entropy above entropy_target.")
+    )
+    entropy_coef_min: float = field(default=0.0, metadata=_help("Lower bound of the adaptive entropy_coef."))
+    entropy_coef_max: float = field(default=1.0, metadata=_help("Upper bound of the adaptive entropy_coef."))
+    entropy_coef_delta: float = field(default=0.005, metadata=_help("Adaptive entropy_coef step per optimizer step."))
+    entropy_target: float = field(default=0.2, metadata=_help("Adaptive mode: mean token entropy (nats) to defend."))
+    off_policy_mask_threshold: float | None = field(
+        default=None,
+        metadata=_help("Drop sequences with A < 0 and mean KL(behaviour||policy) > threshold (DeepSeek-V3.2)."),
+    )
+    use_bias_correction_kl: bool = field(
+        default=False, metadata=_help("Multiply the KL term by the importance ratio (DeepSeek-V3.2).")
+    )
+    # Tools
+    max_tool_calling_iterations: int | None = field(
+        default=None, metadata=_help("Maximum tool-calling turns per completion; None: until no tool call.")
+    )
+    # Logging
+    log_unique_prompts: bool = field(default=False, metadata=_help("Completions table: one row per unique prompt."))
+    log_multimodal: bool = field(default=True, metadata=_help("Log images of multimodal prompts (no images here)."))
+    log_completions_hub_repo: str | None = field(default=None, metadata=_help("Hub upload of completions (refused)."))
+
+
+def _refusals(cfg) -> list[tuple[bool, str]]:
+    return [
+        (
+            cfg.use_transformers_paged or cfg.use_transformers_continuous_batching,
+            "use_transformers_paged / use_transformers_continuous_batching are not supported: replayrl generates "
+            "with the padded `generate` (or vLLM, use_vllm=True). Leave them False.",
+        ),
+        (
+            cfg.transformers_continuous_batching_config is not None,
+            "transformers_continuous_batching_config is not supported (no continuous batching); leave it None.",
+        ),
+        (
+            cfg.log_completions_hub_repo is not None,
+            f"log_completions_hub_repo={cfg.log_completions_hub_repo!r}: replayrl never uploads to the Hub "
+            "(offline by design); completions go to the log / metrics.jsonl. Leave it None.",
+        ),
+        (
+            getattr(cfg, "use_liger_kernel", False),
+            "use_liger_kernel=True: replayrl's GRPO loss is not wired to Liger's fused kernel (it needs Triton on "
+            "a CUDA GPU and would bypass the per-token weights of every loss_type here). Set use_liger_kernel=False.",
+        ),
+    ]
+
+
+def validate_parity(cfg) -> None:
+    """Checks of the fields above (called from `GRPOConfig._validate`)."""
+    from replayrl.algos import TOKEN_LEVEL_ONLY
+
+    for name in ("generation_kwargs", "chat_template_kwargs"):
+        value = getattr(cfg, name)
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"{name} must be a dict or a JSON object string (got {value!r}).")
+    for bad, message in _refusals(cfg):
+        if bad:
+            raise ValueError(message)
+    level, agg = cfg.importance_sampling_level, cfg.multi_objective_aggregation
+    checks = [
+        (
+            level in IMPORTANCE_SAMPLING_LEVELS,
+            f"importance_sampling_level must be 'token' or 'sequence' (got {level!r}).",
+        ),
+        (
+            agg in MULTI_OBJECTIVE_AGGREGATIONS,
+            f"multi_objective_aggregation must be one of {MULTI_OBJECTIVE_AGGREGATIONS} (got {agg!r}).",
+        ),
+        (
+            not (agg == "normalize_then_sum" and cfg.scale_rewards == "mean"),
+            "scale_rewards='mean' only works with multi_objective_aggregation='sum_then_normalize'.",
+        ),
+        (
+            not (cfg.loss_type == "luspo" and level != "sequence"),
+            "loss_type='luspo' is a sequence-level loss: set importance_sampling_level='sequence'.",
+        ),
+        (
+            not (cfg.loss_type in TOKEN_LEVEL_ONLY and level == "sequence"),
+            f"loss_type={cfg.loss_type!r} already weights whole sequences; use importance_sampling_level='token'.",
+        ),
+        (
+            cfg.delta is None or cfg.delta > 1 + cfg.epsilon_high,
+            f"delta ({cfg.delta}) must be > 1 + epsilon_high ({1 + cfg.epsilon_high}), or None.",
+        ),
+        (
+            cfg.delta is None or cfg.loss_type not in ("cispo", "sapo", "vespo"),
+            f"delta is a PPO-clip option; loss_type={cfg.loss_type!r} has no clipped branch. Unset delta.",
+        ),
+        (cfg.sapo_temperature_pos > 0 and cfg.sapo_temperature_neg > 0, "sapo_temperature_pos/neg must be > 0."),
+        (
+            0.0 <= cfg.top_entropy_quantile <= 1.0,
+            f"top_entropy_quantile must be in [0, 1] (got {cfg.top_entropy_quantile}).",
+        ),
+        (cfg.entropy_coef >= 0, f"entropy_coef must be >= 0 (got {cfg.entropy_coef})."),
+        (cfg.entropy_coef_min <= cfg.entropy_coef_max, "entropy_coef_min must be <= entropy_coef_max."),
+        (
+            cfg.off_policy_mask_threshold is None or cfg.off_policy_mask_threshold > 0,
+            "off_policy_mask_threshold must be > 0 or None.",
+        ),
+        (cfg.pad_to_multiple_of is None or cfg.pad_to_multiple_of >= 1, "pad_to_multiple_of must be >= 1 or None."),
+        (
+            cfg.max_tool_calling_iterations is None or cfg.max_tool_calling_iterations >= 0,
+            "max_tool_calling_iterations must be >= 0 or None.",
+        ),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+    _validate_eval_generations(cfg)
+
+
+def _validate_eval_generations(cfg) -> None:
+    g = cfg.num_generations_eval
+    if g is None:
+        return
+    if g < 1:
+        raise ValueError(f"num_generations_eval must be >= 1 (got {g}).")
+    if cfg.per_device_eval_batch_size % g != 0:
+        raise ValueError(
+            f"per_device_eval_batch_size ({cfg.per_device_eval_batch_size}) must be a multiple of "
+            f"num_generations_eval ({g}) so that each process evaluates whole groups."
+        )

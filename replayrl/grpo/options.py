@@ -1,0 +1,77 @@
+"""Model options of `GRPOTrainer` that current TRL offers (fp32 LM head, dropout off, MoE router loss detection),
+fixed-multiple padding and TRL's trainer attributes. Plain functions, called from the trainer."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+TRL_ATTRIBUTES = (
+    "beta",
+    "num_iterations",
+    "loss_type",
+    "scale_rewards",
+    "importance_sampling_level",
+    "mask_truncated_completions",
+    "top_entropy_quantile",
+    "temperature",
+    "max_completion_length",
+    "use_vllm",
+    "off_policy_mask_threshold",
+    "pad_to_multiple_of",
+    "max_tool_calling_iterations",
+    "multi_objective_aggregation",
+)
+
+
+def trl_attributes(args) -> dict:
+    """The config values TRL's GRPOTrainer also exposes as attributes (`trainer.beta`, `trainer.epsilon_low`...)."""
+    attrs = {name: getattr(args, name) for name in TRL_ATTRIBUTES}
+    attrs.update(epsilon_low=args.epsilon, epsilon_high=args.epsilon_high)
+    return attrs
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Every `nn.Dropout` to p=0, and the config's attention dropout to 0 (used functionally by attention)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "attention_dropout", None):
+        config.attention_dropout = 0.0
+
+
+def cast_lm_head_to_fp32(model: nn.Module) -> None:
+    """Run the LM head in float32 (ScaleRL, arXiv:2510.13786): its weights become fp32 and its input is cast up,
+    so the logits (and the log-probs of the loss) are computed in fp32. Refused with tied embeddings, where the
+    head shares its weight with the input embedding (TRL refuses the same)."""
+    if getattr(model.config, "tie_word_embeddings", False):
+        raise ValueError(
+            "cast_lm_head_to_fp32=True needs untied word embeddings (model.config.tie_word_embeddings=False): the "
+            "LM head shares its weight with the input embedding here. Set cast_lm_head_to_fp32=False."
+        )
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ValueError("cast_lm_head_to_fp32=True: the model has no output embedding (LM head) to cast.")
+    head.float()
+    head.register_forward_pre_hook(lambda _module, inputs: tuple(x.float() for x in inputs))
+
+
+def router_aux_loss_enabled(model: nn.Module) -> bool:
+    """TRL's `aux_loss_enabled`: a mixture-of-experts model whose config asks for router logits."""
+    return bool(getattr(getattr(model, "config", None), "output_router_logits", False))
+
+
+def pad_width_to_multiple(
+    ids: Tensor, mask: Tensor, multiple: int | None, side: str, pad_id: int
+) -> tuple[Tensor, Tensor]:
+    """Pad ``ids, mask (N, W)`` on ``side`` so that W is a multiple of ``multiple`` (None: unchanged)."""
+    width = ids.shape[1]
+    if not multiple or width % multiple == 0:
+        return ids, mask
+    extra = multiple - width % multiple
+    pad_ids = torch.full((ids.shape[0], extra), pad_id, dtype=ids.dtype, device=ids.device)
+    pad_mask = torch.zeros((mask.shape[0], extra), dtype=mask.dtype, device=mask.device)
+    if side == "left":
+        return torch.cat([pad_ids, ids], 1), torch.cat([pad_mask, mask], 1)
+    return torch.cat([ids, pad_ids], 1), torch.cat([mask, pad_mask], 1)

@@ -1,0 +1,103 @@
+"""Tool calling: parsing, execution, the chat-template suffix, and one train() step in which a scripted tool call
+is executed, its result fed back, and the result's tokens get zero loss weight."""
+
+import copy
+
+import pytest
+import torch
+
+from replayrl import GRPOConfig, GRPOTrainer
+from replayrl.grpo.tools import parse_tool_calls, run_tool_calls, tool_suffix_ids, tools_by_name
+from tests.conftest import tiny_args
+
+TOOL_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nTools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}"
+    "<|im_end|>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' and m.get('tool_calls') %}<|im_start|>assistant\n{{ m['content'] }}"
+    "{% for c in m['tool_calls'] %}<tool_call>{{ c['function'] | tojson }}</tool_call>{% endfor %}<|im_end|>\n"
+    "{% elif m['role'] == 'tool' %}<|im_start|>tool\n{{ m['content'] }}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a + b
+
+
+@pytest.fixture
+def tool_tokenizer(tokenizer):
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = TOOL_TEMPLATE
+    tok.eos_token = "<|im_end|>"  # the end of an assistant turn, as chat models stop
+    return tok
+
+
+def test_parse_and_run_tool_calls(tool_tokenizer):
+    calls = parse_tool_calls(tool_tokenizer, "ok " + CALL + ' <tool_call>{"name": "add", oops}</tool_call>')
+    assert calls[0] == {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+    assert "error" in calls[1]
+    calls.append({"type": "function", "function": {"name": "mul", "arguments": {}}})
+    messages, failures = run_tool_calls(calls, tools_by_name([add]))
+    assert [m["content"] for m in messages][0] == "5" and failures == 2
+    assert "not found" in messages[2]["content"] and messages[0]["role"] == "tool"
+    assert parse_tool_calls(tool_tokenizer, "no call here") == []
+
+
+def test_tool_suffix_is_the_rendered_result_and_next_header(tool_tokenizer):
+    suffix = tool_suffix_ids(tool_tokenizer, [{"role": "tool", "name": "add", "content": "5"}])
+    assert tool_tokenizer.decode(suffix) == "\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n"
+
+
+class ScriptedToolTrainer(GRPOTrainer):
+    """The tiny model never calls a tool by itself: the first turn of every other row is replaced by a call."""
+
+    def _call_tools(self, prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, mode):
+        scripted = self.processing_class(CALL + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        width = max(completion_ids.shape[1], len(scripted))
+        ids = torch.full((completion_ids.shape[0], width), self.generation_config.pad_token_id)
+        mask = torch.zeros_like(ids)
+        ids[:, : completion_ids.shape[1]], mask[:, : completion_ids.shape[1]] = completion_ids, completion_mask
+        for row in range(0, ids.shape[0], 2):
+            ids[row], mask[row] = self.generation_config.pad_token_id, 0
+            ids[row, : len(scripted)], mask[row, : len(scripted)] = torch.tensor(scripted), 1
+            truncated[row] = False
+        return super()._call_tools(prompt_ids, prompt_mask, ids, mask, truncated, mode)
+
+
+def test_tool_results_are_fed_back_and_get_no_loss(model, tool_tokenizer, chat_dataset, tmp_path):
+    seen = []
+
+    def reward(completions, **kwargs):
+        seen.extend(completions)
+        return [float(len(str(c)) % 5) for c in completions]
+
+    args = tiny_args(GRPOConfig, tmp_path, max_steps=1, max_completion_length=100, max_tool_calling_iterations=1)
+    trainer = ScriptedToolTrainer(
+        model=model, reward_funcs=reward, args=args, train_dataset=chat_dataset, processing_class=tool_tokenizer,
+        tools=[add],
+    )  # fmt: skip
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    assert any(not torch.equal(b, p) for b, p in zip(before, trainer.model.parameters()))
+    assert trainer.state.log_history[0]["tools/call_count"] == 2  # rows 0 and 2 of the 4
+    batch = trainer._micro_batches[0]
+    suffix = tool_suffix_ids(tool_tokenizer, [{"role": "tool", "name": "add", "content": "5"}])
+    for row in (0, 2):
+        real = batch.completion_mask[row].bool()
+        results = real & (batch.tool_mask[row] == 0)
+        assert batch.completion_ids[row][results].tolist() == suffix  # the tool's answer, fed back
+        assert batch.loss_weights[row][results].eq(0).all()  # ... and trained on with weight 0
+        assert batch.loss_weights[row][real & (batch.tool_mask[row] == 1)].gt(0).all()  # the model's tokens
+    assert batch.tool_mask[1].eq(1).all() and batch.tool_mask[3].eq(1).all()
+    tool_turns = [m for c in seen for m in c if m["role"] == "tool"]
+    assert [m["content"] for m in tool_turns] == ["5", "5"]
+    assert seen[0][0]["tool_calls"][0]["function"]["name"] == "add"
