@@ -79,7 +79,12 @@ print(f"2. reward model loss {first_last(rm, 'loss')}, accuracy {first_last(rm, 
 # 3. GRPO with replay: the reward model is the reward; exact match (weight 0) only measures
 grpo_settings = {**addition.DEFAULT_CONFIG, **common, "max_steps": cli.grpo_steps, "save_strategy": "no"}
 grpo_settings.update(logging_steps=max(1, cli.grpo_steps // 10), eval_steps=max(1, cli.grpo_steps // 2))
-grpo_args = GRPOWithReplayBufferConfig(output_dir=str(out / "grpo"), reward_weights=[1.0, 0.0], **grpo_settings)
+# replay_importance_cap=None: replayed rows use the PPO ratio against the policy that generated them, clipped.
+# Measured (seed 0, 200 steps): with the default cap 2.0 (decoupled objective) exact match on the training
+# prompts rose only 0.22 -> 0.25 and the reward-model score -1.58 -> -0.51; with None, 0.21 -> 0.40 and -1.75 -> 0.08.
+grpo_args = GRPOWithReplayBufferConfig(
+    output_dir=str(out / "grpo"), reward_weights=[1.0, 0.0], replay_importance_cap=None, **grpo_settings
+)
 trainer = GRPOWithReplayBufferTrainer(
     model=sft.model,
     reward_funcs=[str(out / "rm"), exact_match],
