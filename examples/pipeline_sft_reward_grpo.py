@@ -11,7 +11,7 @@
     .venv/bin/python examples/pipeline_sft_reward_grpo.py [--output_dir DIR] [--sft_steps N] [--rm_steps N]
                                                           [--grpo_steps N] [--seed S]
 
-About 1.5 minutes on a shared CPU (45 s of CPU time). Prints each stage's first -> last numbers.
+About 1-2 minutes on a shared CPU (45-50 s of CPU time). Prints each stage's first -> last numbers.
 """
 
 import argparse
