@@ -5,8 +5,9 @@ Every `DPOConfig` field (so every `transformers.TrainingArguments` field too) is
 without a model and a dataset) < the --config recipe < flags.
 
 Built-in job: the tiny addition policy of `replayrl grpo` (warmed up on a noisy teacher, right about a quarter
-of the time) trained with DPO on preference pairs "a+b=" -> chosen: the sum, rejected: a near miss; evaluated
-on pairs of 20 held-out operand pairs. Offline, < 1 minute on CPU.
+of the time) trained with DPO on preference pairs "a+b=" -> chosen: the sum, rejected: the sum badly formed (e.g. "x12",
+"12?", "12 12"); evaluated on pairs of the 20 held-out operand pairs, which it never trained on. Offline,
+< 1 minute on CPU.
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ from replayrl.tasks.preferences import TASK_DESCRIPTION, preference_datasets
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "learning_rate": 1e-3,
-    "lr_scheduler_type": "constant",
+    "lr_scheduler_type": "linear",  # decayed to 0: the held-out accuracy settles instead of wobbling
     "beta": 0.1,
-    "max_steps": 60,
+    "max_steps": 100,  # held-out accuracy >= 0.975 from step 20 and 1.0 at 100 on seeds 0-2 (docs/dpo.md)
     "per_device_train_batch_size": 32,
     "per_device_eval_batch_size": 80,
     "max_prompt_length": 16,
     "max_length": 32,
-    "logging_steps": 5,
+    "logging_steps": 10,
     "eval_strategy": "steps",
-    "eval_steps": 10,
+    "eval_steps": 20,
     "eval_on_start": True,
     "save_strategy": "no",
 }
@@ -39,7 +40,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
 def build_trainer(script, config: DPOConfig) -> DPOTrainer:
     # datasets first: their errors must come before the model's warm-up
     if script.dataset_name is None:
-        train, held_out = preference_datasets(config.seed)
+        train, held_out = preference_datasets(config.seed, per_problem=4)
         evaluation = held_out if config.eval_strategy != "no" or config.eval_on_start else None
     else:
         train, evaluation = user_datasets(script, config)

@@ -5,8 +5,9 @@ with num_labels=1), --dataset_name, --dataset_split, --dataset_test_split. Value
 job's settings (only without a model and a dataset) < the --config recipe < flags.
 
 Built-in job: a tiny randomly initialised Qwen2 reward model trained on "a+b=" pairs (chosen: the sum,
-rejected: a near miss) of 80 operand pairs, evaluated on pairs of the 20 held-out operand pairs: it must learn
-to judge sums, not memorise answers. Offline, < 1 minute on CPU.
+rejected: the sum badly formed, e.g. "x12", "12?", "12 12") of 80 operand pairs, evaluated on pairs of the 20
+held-out operand pairs, which it never saw: it must learn the rule, not the training answers. Offline, ~10 s
+on CPU.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from replayrl.tasks.preferences import TASK_DESCRIPTION, preference_datasets
 DEFAULT_CONFIG: dict[str, Any] = {
     "learning_rate": 1e-3,
     "lr_scheduler_type": "constant",
-    "max_steps": 300,
+    "max_steps": 100,  # held-out accuracy is 1.0 by step 50 on seeds 0-2 (docs/reward.md)
     "per_device_train_batch_size": 32,
     "per_device_eval_batch_size": 80,
     "max_length": 32,
-    "logging_steps": 20,
+    "logging_steps": 10,
     "eval_strategy": "steps",
-    "eval_steps": 50,
+    "eval_steps": 25,
     "eval_on_start": True,
     "save_strategy": "no",
 }

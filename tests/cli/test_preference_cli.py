@@ -7,6 +7,7 @@ import pytest
 from replayrl.cli import main
 from replayrl.metrics import METRICS_FILE, PLOT_FILE, read_metrics
 from replayrl.tasks import addition
+from replayrl.tasks.preferences import STRAY, preference_datasets
 
 
 @pytest.fixture(autouse=True)
@@ -54,3 +55,28 @@ def test_dpo_user_dataset_file(tmp_path, capsys):
     argv += ["--per_device_train_batch_size", "4", "--output_dir", str(tmp_path / "o"), "--loss_type", "ipo", "hinge"]
     assert main(argv) == 0
     assert read_metrics(tmp_path / "o" / METRICS_FILE)[0]["loss/ipo"] > 0
+
+
+def test_builtin_preferences_hold_out_unseen_prompts_and_follow_the_rule():
+    train, held_out = preference_datasets(seed=0, per_problem=4)
+    assert len(train) == 80 * 4 and len(held_out) == addition.HELD_OUT * 4
+    assert not set(train["prompt"]) & set(held_out["prompt"])  # held-out prompts never trained on
+    for row in list(train) + list(held_out):
+        a, b = row["prompt"].rstrip("=").split("+")
+        assert row["chosen"] == str(int(a) + int(b))
+        stripped = row["rejected"].strip(STRAY)
+        assert row["rejected"] != row["chosen"]
+        assert stripped == row["chosen"] or row["rejected"] == f"{row['chosen']} {row['chosen']}"
+    near, _ = preference_datasets(seed=0, per_problem=2, rejected="near_miss")
+    assert all(abs(int(r["rejected"]) - int(r["chosen"])) in (1, 2) for r in near)
+    with pytest.raises(ValueError, match="rejected='typo' is not a kind of pair"):
+        preference_datasets(rejected="typo")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("command", "metric"), [("reward", "eval_accuracy"), ("dpo", "eval_rewards/accuracies")])
+def test_builtin_job_as_it_is_reaches_095_on_held_out_pairs(tmp_path, command, metric):
+    """The default job, unchanged (seed 0): the issues' bar of >= 0.95 held-out accuracy (docs: seeds 0-2)."""
+    assert main([command, "--output_dir", str(tmp_path / command)]) == 0
+    values = [r[metric] for r in read_metrics(tmp_path / command / METRICS_FILE) if metric in r]
+    assert values[0] < 0.7 and values[-1] >= 0.95

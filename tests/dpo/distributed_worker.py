@@ -16,7 +16,7 @@ SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
 def run(out: str, per_device_batch: int) -> DPOTrainer:
     torch.set_num_threads(1)
     tok = build_tokenizer()
-    data = preference_datasets(seed=0, per_problem=1)[0].select(range(8))
+    data = preference_datasets(seed=0, per_problem=1, rejected="near_miss")[0].select(range(8))
     args = DPOConfig(
         output_dir=out,
         per_device_train_batch_size=per_device_batch,

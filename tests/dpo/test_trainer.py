@@ -39,7 +39,7 @@ def dpo_args(tmp_path, **overrides):
 
 @pytest.fixture(scope="module")
 def pairs_data():
-    train, held_out = preference_datasets(seed=0, per_problem=1)
+    train, held_out = preference_datasets(seed=0, per_problem=1, rejected="near_miss")
     return train.select(range(16)), held_out
 
 

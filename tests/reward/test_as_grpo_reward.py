@@ -13,7 +13,7 @@ from tests.reward.test_trainer import SMALL, rm_args
 @pytest.fixture(scope="module")
 def trained_rm(tmp_path_factory, tokenizer):
     out = tmp_path_factory.mktemp("rm")
-    data = preference_datasets(seed=0, per_problem=2)[0].select(range(32))
+    data = preference_datasets(seed=0, per_problem=2, rejected="near_miss")[0].select(range(32))
     args = rm_args(out, max_steps=80, logging_steps=80, learning_rate=1e-2)
     trainer = RewardTrainer(
         build_tiny_sequence_classifier(tokenizer, **SMALL), args=args, train_dataset=data, processing_class=tokenizer

@@ -42,7 +42,7 @@ def rm_args(tmp_path, **overrides):
 
 @pytest.fixture(scope="module")
 def pairs_data():
-    return preference_datasets(seed=0, per_problem=2)
+    return preference_datasets(seed=0, per_problem=2, rejected="near_miss")
 
 
 def test_accuracy_rises_on_the_training_pairs(tokenizer, pairs_data, tmp_path):
