@@ -311,17 +311,24 @@ def prepare_assets(work_dir: Path, config_name: str, num_prompts: int = 512) -> 
 
 
 def run_worker(
-    python: str | Path, args: list[str], log_file: Path | None = None, threads: int = 1, timeout: float = 1800
+    python: str | Path,
+    args: list[str],
+    log_file: Path | None = None,
+    threads: int = 1,
+    timeout: float = 1800,
+    extra_env: dict[str, str] | None = None,
 ) -> dict:
     """Run `grpo_worker.py` under `python` and return the JSON it prints on its `RESULT ` line.
 
     `threads` sets OMP_NUM_THREADS. On a small shared CPU keep it at 1: with 2 threads on 2 busy cores, OpenMP
-    threads wait for each other and a 64x64 matmul takes ~100x longer (measured 7.6 us -> 860 us).
+    threads wait for each other and a 64x64 matmul takes ~100x longer (measured 7.6 us -> 860 us). `extra_env`:
+    extra environment variables for the worker (applied last; e.g. PYTHONPATH, so a venv imports this checkout).
     """
     cmd = [str(python), str(BENCH_DIR / "grpo_worker.py"), *args]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     env.update(TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     env.pop("PYTHONPATH", None)  # the TRL venv must not see the main environment's packages
+    env.update(extra_env or {})
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)

@@ -52,7 +52,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--torch-profile", default=None, help="write a torch.profiler op table of the timed steps here")
     p.add_argument("--cpu", action="store_true", help="stay on CPU even if CUDA is available")
     p.add_argument("--candidate", nargs="*", default=[], help="replayrl only: prototype speed-ups (candidates.py)")
-    return p.parse_args(argv)
+    p.add_argument("--vllm", action="store_true", help="replayrl only: generate with vLLM colocate (needs vllm)")
+    args = p.parse_args(argv)
+    if args.vllm and args.impl == "trl":
+        p.error("--vllm is replayrl only: TRL's vLLM path does not run on a CPU (see vs_trl.py)")
+    return args
 
 
 def build_trainer(args, reward_func, device_cpu: bool):
@@ -78,6 +82,10 @@ def build_trainer(args, reward_func, device_cpu: bool):
         # TRL-only knobs set to what replayrl does: plain k3 KL, no importance weighting of the KL term.
         config = GRPOConfig(**common, use_bias_correction_kl=False)
         return GRPOTrainer(model=args.model_dir, reward_funcs=[reward_func], args=config, train_dataset=dataset)
+    if args.vllm:  # in-process engine; everything else as above
+        # max_model_len: the tiny models' max_position_embeddings (512); the default, max_prompt_length (512) +
+        # max_completion_length, is longer and vLLM refuses it. The prompts are far shorter than either.
+        common.update(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=512)
     if args.replay_buffer_size > 0:
         from replayrl import GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
 
@@ -100,6 +108,10 @@ def instrument(trainer, timer: StepTimer, impl: str) -> None:
     timer.wrap(trainer.accelerator, "backward", "backward")
     timer.wrap_training_step(trainer)
     if impl == "replayrl":
+        if getattr(trainer.args, "use_vllm", False):
+            # model.generate is never called: time the engine's generate, and the weight sync on its own.
+            timer.wrap(trainer.generator, "generate", "generation")
+            timer.wrap(trainer.generator, "sync_weights", "sync")
         timer.wrap(trainer, "_add_logps", "logps")
         timer.wrap(trainer, "_postprocess_rollout", "replay")
         timer.wrap(trainer, "_after_first_pass", "replay")
@@ -189,6 +201,7 @@ def collect(args: argparse.Namespace, trainer, timer: StepTimer, rss_before: flo
         "beta": args.beta,
         "replay_buffer_size": args.replay_buffer_size,
         "candidate": args.candidate,
+        "vllm": args.vllm,
         "seed": args.seed,
         "warmup": args.warmup,
         "trainer": type(trainer).__name__,

