@@ -74,6 +74,7 @@ ARMS: dict[str, tuple[str, dict]] = {
     "dynamic": ("grpo", {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3}),
     "dynamic_replay": ("replay", {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3}),
     "trl_grpo": ("trl", {}),  # TRL's GRPOTrainer with the `grpo` arm's settings (sparse_trl_worker.py)
+    "trl_grpo_topk0": ("trl", {"top_k": 0}),  # the same without top-k filtering (the grpo arm samples top-50)
 }
 DIAGNOSTICS = (
     "frac_reward_zero_std",
@@ -153,7 +154,7 @@ def run_trl_arm(arm: str, seed: int, steps: int, output_dir: str, trl_python: st
         trl_python = str(ensure_trl_venv())
     cmd = [trl_python, str(Path(__file__).resolve().parent / "sparse_trl_worker.py"), "--model-dir", str(model_dir)]
     cmd += ["--data-file", str(data_file), "--seed", str(seed), "--steps", str(steps)]
-    cmd += ["--output-dir", str(work / "out")]
+    cmd += ["--output-dir", str(work / "out"), "--overrides", json.dumps(ARMS[arm][1])]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     env.update(TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env.pop("PYTHONPATH", None)  # the TRL venv must not see replayrl's environment

@@ -45,16 +45,23 @@ REPLAYRL_DEFAULTS = dict(
 )
 
 
-def trl_settings(steps: int, seed: int, output_dir: str) -> dict:
-    """TRL GRPOConfig kwargs equal to replayrl's `grpo` arm. Two fields cannot be passed as they are:
+TRANSFORMERS_DEFAULT_TOP_K = 50  # what transformers' generate uses when GenerationConfig.top_k is None
+
+
+def trl_settings(steps: int, seed: int, output_dir: str, overrides: dict | None = None) -> dict:
+    """TRL GRPOConfig kwargs equal to replayrl's `grpo` arm (then `overrides`). Two fields cannot be passed as is:
 
     - `max_prompt_length=16`: TRL 1.16 has no such field (it never truncates prompts); the task's prompts are 4-5
       characters (`"7+5="`), so replayrl never truncates them either.
-    - `top_k=None` (replayrl: no top-k filtering) is `top_k=0` in TRL (its value for "disabled").
+    - `top_k=None`: replayrl documents None as "no top-k", but it passes None to transformers' GenerationConfig,
+      and `generate` then fills the unset field with transformers' default, 50 (checked: a `TopKLogitsWarper(50)`
+      is built), so replayrl's arms sample from the 50 most likely of the 101 tokens. TRL gets `top_k=50`, what
+      replayrl actually ran; TRL's own "disabled" value is 0 (arm `trl_grpo_topk0`).
     """
     settings = {k: v for k, v in SETTINGS.items() if k != "max_prompt_length"}
-    settings["top_k"] = 0 if SETTINGS["top_k"] is None else SETTINGS["top_k"]
-    return {**settings, **REPLAYRL_DEFAULTS, "max_steps": steps, "seed": seed, "output_dir": output_dir}
+    settings["top_k"] = TRANSFORMERS_DEFAULT_TOP_K if SETTINGS["top_k"] is None else SETTINGS["top_k"]
+    run = {"max_steps": steps, "seed": seed, "output_dir": output_dir}
+    return {**settings, **REPLAYRL_DEFAULTS, **(overrides or {}), **run}
 
 
 def main(argv=None) -> None:
@@ -64,6 +71,7 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--output-dir", required=True)
+    p.add_argument("--overrides", default="{}", help="JSON object of GRPOConfig fields over the mapped settings")
     args = p.parse_args(argv)
     import torch
     import transformers
@@ -74,7 +82,8 @@ def main(argv=None) -> None:
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(1)
     rows = [json.loads(line) for line in Path(args.data_file).read_text().splitlines() if line.strip()]
-    config = trl.GRPOConfig(**trl_settings(args.steps, args.seed, args.output_dir))
+    settings = trl_settings(args.steps, args.seed, args.output_dir, json.loads(args.overrides))
+    config = trl.GRPOConfig(**settings)
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     trainer = trl.GRPOTrainer(
@@ -92,7 +101,7 @@ def main(argv=None) -> None:
         "trl_version": trl.__version__,
         "transformers": transformers.__version__,
         "torch": torch.__version__,
-        "trl_config": {k: str(v) for k, v in trl_settings(args.steps, args.seed, args.output_dir).items()},
+        "trl_config": {k: str(v) for k, v in settings.items()},
         "reward": [h["reward"] for h in logs],
         "diagnostics": {k: [h.get(k) for h in logs] for k in DIAGNOSTICS},
         "seconds": time.perf_counter() - start,
