@@ -73,6 +73,10 @@ ARMS: dict[str, tuple[str, dict]] = {
     "default": ("replay", {}),
     "dynamic": ("grpo", {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3}),
     "dynamic_replay": ("replay", {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3}),
+    # top_k=None does not disable top-k: transformers' generate fills in its default, 50 (see sparse_trl_worker.py);
+    # these two arms sample from the full vocabulary, like trl_grpo_topk0.
+    "grpo_topk0": ("grpo", {"top_k": 0}),
+    "default_topk0": ("replay", {"top_k": 0}),
     "trl_grpo": ("trl", {}),  # TRL's GRPOTrainer with the `grpo` arm's settings (sparse_trl_worker.py)
     "trl_grpo_topk0": ("trl", {"top_k": 0}),  # the same without top-k filtering (the grpo arm samples top-50)
 }
@@ -231,6 +235,7 @@ def plot(runs: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    plotted = 0
     for arm in ARMS:
         arm_runs = [r for r in runs if r["arm"] == arm]
         if not arm_runs:
@@ -238,7 +243,10 @@ def plot(runs: list[dict], path: Path) -> None:
         n = min(len(r["reward"]) for r in arm_runs)
         curves = [smooth(r["reward"], WINDOW)[:n] for r in arm_runs]
         x = [median(r["completions"][i] for r in arm_runs) for i in range(n)]
-        ax.plot(x, [median(c[i] for c in curves) for i in range(n)], label=f"{arm} ({len(arm_runs)} seeds)")
+        style = "-" if plotted < 10 else "--"  # the default colour cycle has 10 colours
+        y = [median(c[i] for c in curves) for i in range(n)]
+        ax.plot(x, y, style, label=f"{arm} ({len(arm_runs)} seeds)")
+        plotted += 1
     ax.set_xlabel("completions generated")
     ax.set_ylabel(f"reward, {WINDOW}-step moving average (median)")
     ax.set_xlim(0, min(max(r["completions"][-1] for r in runs), 200 * SETTINGS["per_device_train_batch_size"]))
