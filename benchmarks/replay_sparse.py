@@ -5,6 +5,7 @@ GRPO against replay variants, several seeds, with the `replay/*` diagnostics of 
     python benchmarks/replay_sparse.py --arms grpo replay --seeds 0 1 --tag a   # a slice -> replay_sparse_a.json
     python benchmarks/replay_sparse.py --report replay_sparse_a.json replay_sparse_b.json   # one table from slices
     python benchmarks/replay_sparse.py --quick                          # smoke run: 1 seed, 2 arms, 15 steps
+    python benchmarks/replay_sparse.py --arms trl_grpo --trl-python PATH/.venv-trl/bin/python --tag trl  # TRL's GRPO
 
 Task `echo` (held out: nothing in replayrl was tuned on it): prompts are the 80 training prompts of the addition
 task ("7+5="); the reward is 1.0 when the completion's first character is the prompt's first character, else 0.0.
@@ -13,12 +14,18 @@ right ~1% of the time at first and ~94% of the first groups of G=8 are all-zero.
 completions per step (16 prompts x 8) unless it uses dynamic sampling, which generates more and is charged for it:
 the x axis is completions generated. "to R" = completions until the moving average (10 steps) of the training
 reward first reaches R; a run that never does counts as the run's length in the median and is reported as censored.
+
+Arm `trl_grpo` is TRL's GRPOTrainer on the same task: the same random-init model (saved to disk, loaded in fp32),
+the same prompts and reward function, and the `grpo` arm's settings mapped field by field to TRL's GRPOConfig
+(`sparse_trl_worker.trl_settings`), run as a worker process in TRL's virtualenv (`vs_trl.py` creates it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -66,6 +73,12 @@ ARMS: dict[str, tuple[str, dict]] = {
     "default": ("replay", {}),
     "dynamic": ("grpo", {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3}),
     "dynamic_replay": ("replay", {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3}),
+    # top_k=None does not disable top-k: transformers' generate fills in its default, 50 (see sparse_trl_worker.py);
+    # these two arms sample from the full vocabulary, like trl_grpo_topk0.
+    "grpo_topk0": ("grpo", {"top_k": 0}),
+    "default_topk0": ("replay", {"top_k": 0}),
+    "trl_grpo": ("trl", {}),  # TRL's GRPOTrainer with the `grpo` arm's settings (sparse_trl_worker.py)
+    "trl_grpo_topk0": ("trl", {"top_k": 0}),  # the same without top-k filtering (the grpo arm samples top-50)
 }
 DIAGNOSTICS = (
     "frac_reward_zero_std",
@@ -91,7 +104,9 @@ def echo_reward(completions, prompts, **kwargs) -> list[float]:
     return [float(str(c)[:1] == str(p)[:1]) for c, p in zip(completions, prompts)]
 
 
-def run_arm(arm: str, seed: int, steps: int, output_dir: str) -> dict:
+def run_arm(arm: str, seed: int, steps: int, output_dir: str, trl_python: str | None = None) -> dict:
+    if ARMS[arm][0] == "trl":
+        return run_trl_arm(arm, seed, steps, output_dir, trl_python)
     from transformers import PrinterCallback
 
     from replayrl import GRPOConfig, GRPOTrainer, GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
@@ -122,6 +137,39 @@ def run_arm(arm: str, seed: int, steps: int, output_dir: str) -> dict:
         "diagnostics": {k: [h.get(k) for h in logs] for k in DIAGNOSTICS},
         "seconds": time.perf_counter() - start,
     }
+
+
+def run_trl_arm(arm: str, seed: int, steps: int, output_dir: str, trl_python: str | None) -> dict:
+    """TRL's GRPOTrainer in its own virtualenv, on the model and prompts of `run_arm` saved to `output_dir`."""
+    from replayrl.models.tiny import build_tiny_model, build_tokenizer
+    from replayrl.tasks.addition import task_datasets
+
+    work = Path(output_dir)
+    model_dir, data_file = work / "model", work / "prompts.jsonl"
+    work.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    model = build_tiny_model(tokenizer, seed=seed, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    data_file.write_text("".join(json.dumps(r) + "\n" for r in task_datasets(seed)[0].to_list()))
+    if trl_python is None:
+        from vs_trl import ensure_trl_venv
+
+        trl_python = str(ensure_trl_venv())
+    cmd = [trl_python, str(Path(__file__).resolve().parent / "sparse_trl_worker.py"), "--model-dir", str(model_dir)]
+    cmd += ["--data-file", str(data_file), "--seed", str(seed), "--steps", str(steps)]
+    cmd += ["--output-dir", str(work / "out"), "--overrides", json.dumps(ARMS[arm][1])]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env.update(TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env.pop("PYTHONPATH", None)  # the TRL venv must not see replayrl's environment
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if not lines:
+        raise RuntimeError(f"TRL worker failed (rc={proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    result = json.loads(lines[-1][len("RESULT ") :])
+    per_step = SETTINGS["per_device_train_batch_size"]
+    result["completions"] = [per_step * (i + 1) for i in range(len(result["reward"]))]
+    return {"arm": arm, "seed": seed, **result}
 
 
 def completions_to(run: dict, target: float) -> tuple[float, bool]:
@@ -187,6 +235,7 @@ def plot(runs: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    plotted = 0
     for arm in ARMS:
         arm_runs = [r for r in runs if r["arm"] == arm]
         if not arm_runs:
@@ -194,7 +243,10 @@ def plot(runs: list[dict], path: Path) -> None:
         n = min(len(r["reward"]) for r in arm_runs)
         curves = [smooth(r["reward"], WINDOW)[:n] for r in arm_runs]
         x = [median(r["completions"][i] for r in arm_runs) for i in range(n)]
-        ax.plot(x, [median(c[i] for c in curves) for i in range(n)], label=f"{arm} ({len(arm_runs)} seeds)")
+        style = "-" if plotted < 10 else "--"  # the default colour cycle has 10 colours
+        y = [median(c[i] for c in curves) for i in range(n)]
+        ax.plot(x, y, style, label=f"{arm} ({len(arm_runs)} seeds)")
+        plotted += 1
     ax.set_xlabel("completions generated")
     ax.set_ylabel(f"reward, {WINDOW}-step moving average (median)")
     ax.set_xlim(0, min(max(r["completions"][-1] for r in runs), 200 * SETTINGS["per_device_train_batch_size"]))
@@ -214,6 +266,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default 200; quick 15)")
     p.add_argument("--targets", type=float, nargs="+", default=[0.3, 0.5])
     p.add_argument("--tag", default=None, help="write replay_sparse_<tag>.json (to run slices in parallel)")
+    p.add_argument("--trl-python", default=None, help="trl_grpo arm: TRL's interpreter (default: create .venv-trl)")
     p.add_argument("--report", nargs="+", default=None, help="print one table from these result files and exit")
     p.add_argument("--markdown", action="store_true", help="with --report: a markdown table")
     p.add_argument("--plot", default=None, help="with --report: also write this PNG (under benchmarks/results/)")
@@ -237,7 +290,7 @@ def main(argv=None) -> None:
     name = "replay_sparse" + (f"_{args.tag}" if args.tag else "")
     for seed in seeds:
         for arm in arms:
-            run = run_arm(arm, seed, steps, str(work / f"{arm}-{seed}"))
+            run = run_arm(arm, seed, steps, str(work / f"{arm}-{seed}"), args.trl_python)
             runs.append(run)
             hit, ok = completions_to(run, 0.5)
             print(f"  seed {seed} {arm:12s}: to 0.5 {hit:.0f}{'' if ok else '+'} ({run['seconds']:.0f} s)", flush=True)
