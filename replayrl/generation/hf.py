@@ -20,7 +20,7 @@ def build_generation_config(args, tokenizer) -> GenerationConfig:
         do_sample=True,
         temperature=args.temperature,
         top_p=args.top_p,
-        top_k=args.top_k,
+        top_k=0 if args.top_k is None else args.top_k,  # None: off (transformers would fill in its 50)
         min_p=args.min_p,
         repetition_penalty=args.repetition_penalty,
         cache_implementation=args.cache_implementation,

@@ -83,3 +83,10 @@ def test_sampling_kwargs_map_trl_fields(tmp_path):
     kwargs = sampling_kwargs(args, 12)
     assert kwargs["top_k"] == -1 and kwargs["min_p"] == 0.0 and kwargs["max_tokens"] == 12
     assert kwargs["temperature"] == 0.7 and kwargs["repetition_penalty"] == 1.1 and kwargs["logprobs"] == 0
+
+
+def test_top_k_none_turns_top_k_filtering_off(tmp_path, tokenizer):
+    """transformers fills a missing top_k with 50: None must reach it as 0 (off), as the field's help says."""
+    base = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, report_to="none")
+    assert build_generation_config(GRPOConfig(**base, top_k=None), tokenizer).top_k == 0
+    assert build_generation_config(GRPOConfig(**base, top_k=5), tokenizer).top_k == 5
