@@ -42,7 +42,7 @@ SETTINGS = dict(
     max_prompt_length=16,
     max_completion_length=2,
     temperature=1.0,
-    top_k=None,
+    top_k=50,  # what the documented runs sampled with: `top_k=None` reached generate as 50 until it was fixed
     learning_rate=3e-3,
     lr_scheduler_type="constant",
     beta=0.0,
@@ -73,8 +73,8 @@ ARMS: dict[str, tuple[str, dict]] = {
     "default": ("replay", {}),
     "dynamic": ("grpo", {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3}),
     "dynamic_replay": ("replay", {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3}),
-    # top_k=None does not disable top-k: transformers' generate fills in its default, 50 (see sparse_trl_worker.py);
-    # these two arms sample from the full vocabulary, like trl_grpo_topk0.
+    # the arms above sample from the 50 likeliest tokens (see SETTINGS); these two sample from the full vocabulary,
+    # like trl_grpo_topk0.
     "grpo_topk0": ("grpo", {"top_k": 0}),
     "default_topk0": ("replay", {"top_k": 0}),
     "trl_grpo": ("trl", {}),  # TRL's GRPOTrainer with the `grpo` arm's settings (sparse_trl_worker.py)
