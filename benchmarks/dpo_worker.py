@@ -1,6 +1,10 @@
-"""One DPO run for benchmarks/dpo_vs_trl.py, in whichever environment runs it (replayrl's or TRL's venv).
+"""One DPO or reward-model run for benchmarks/dpo_vs_trl.py and reward_vs_trl.py, in whichever environment runs
+it (replayrl's or TRL's venv).
 
-    python dpo_worker.py {replayrl|trl} MODEL_DIR DATA_JSONL OUT_JSON PRECOMPUTE(0|1) STEPS
+    python dpo_worker.py {replayrl|trl} MODEL_DIR DATA_JSONL OUT_JSON PRECOMPUTE(0|1) STEPS [dpo|reward]
+
+`reward` trains a RewardTrainer on the same pairs (MODEL_DIR then holds a sequence classifier, PRECOMPUTE is
+ignored); the replayrl side appends EOS as TRL does, so both train on the same tokens.
 
 Same model files, data, batch and settings on both sides; writes per-step wall and CPU seconds (optimizer steps,
 timed from step end to step end), peak RSS and the first logged loss.
@@ -12,7 +16,7 @@ import time
 
 import torch
 from datasets import load_dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
 
 
 class StepTimer(TrainerCallback):
@@ -41,26 +45,32 @@ def peak_rss_mib() -> float:
     return float("nan")
 
 
-def main(side, model_dir, data, out, precompute, steps):
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    if side == "trl":
-        from trl import DPOConfig, DPOTrainer
-    else:
-        from replayrl import DPOConfig, DPOTrainer
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    args = DPOConfig(
-        output_dir=f"{out}.run", per_device_train_batch_size=8, max_steps=steps, learning_rate=1e-6, beta=0.1,
-        max_length=256, precompute_ref_log_probs=bool(precompute), logging_steps=1, save_strategy="no",
-        report_to="none", use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0,
+def make_trainer(trainer_name, side, model_dir, out, precompute, steps):
+    """(TrainerClass, model, args) for one side; settings identical on both sides except where noted."""
+    lib = __import__("trl" if side == "trl" else "replayrl")
+    common = dict(
+        output_dir=f"{out}.run", per_device_train_batch_size=8, max_steps=steps, max_length=256, logging_steps=1,
+        save_strategy="no", report_to="none", use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0,
         # Pinned on both sides: TRL 1.16 defaults to bf16=True and gradient_checkpointing=True, replayrl to False
         # (TrainingArguments' defaults); bf16 matmuls on this CPU were ~20x slower than fp32.
         bf16=False, gradient_checkpointing=False,
     )  # fmt: skip
+    if trainer_name == "reward":
+        extra = {} if side == "trl" else {"append_eos": True}  # TRL always appends EOS to text pairs
+        args = lib.RewardConfig(learning_rate=1e-4, **common, **extra)
+        return lib.RewardTrainer, AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1), args
+    args = lib.DPOConfig(learning_rate=1e-6, beta=0.1, precompute_ref_log_probs=bool(precompute), **common)
+    return lib.DPOTrainer, AutoModelForCausalLM.from_pretrained(model_dir), args
+
+
+def main(side, model_dir, data, out, precompute, steps, trainer_name="dpo"):
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    trainer_cls, model, args = make_trainer(trainer_name, side, model_dir, out, precompute, steps)
     timer = StepTimer()
     start = time.perf_counter()
-    trainer = DPOTrainer(model, args=args, train_dataset=load_dataset("json", data_files=data, split="train"),
+    trainer = trainer_cls(model, args=args, train_dataset=load_dataset("json", data_files=data, split="train"),
                          processing_class=tok, callbacks=[timer])  # fmt: skip
     setup = time.perf_counter() - start
     trainer.train()
@@ -72,4 +82,4 @@ def main(side, model_dir, data, out, precompute, steps):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
+    main(*sys.argv[1:5], int(sys.argv[5]), int(sys.argv[6]), *sys.argv[7:8])
