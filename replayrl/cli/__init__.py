@@ -15,15 +15,15 @@ import sys
 from replayrl.cli.common import PROG, CLIError, one_line
 
 # name -> (module, one-line description); a new trainer adds its line here.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "dpo": ("replayrl.cli.dpo", "train with DPO and its loss variants (built-in offline job without a model)"),
-    "reward": ("replayrl.cli.reward", "train a reward model on preferences (built-in offline job without a model)"),
+COMMANDS: dict[str, tuple[str, str]] = {  # the post-training pipeline in order, then the tools
     "grpo": ("replayrl.cli.grpo", "train with GRPO and a replay buffer (built-in offline job without a model)"),
     "sft": ("replayrl.cli.sft", "supervised fine-tuning (built-in offline job without a model)"),
-    "ddpo": ("replayrl.cli.ddpo", "fine-tune a diffusion model with DDPO (built-in offline job without a model)"),
+    "reward": ("replayrl.cli.reward", "train a reward model on preferences (built-in offline job without a model)"),
+    "dpo": ("replayrl.cli.dpo", "train with DPO and its loss variants (built-in offline job without a model)"),
     "ppo": ("replayrl.cli.ppo", "train with PPO and a value head (built-in offline job without a model)"),
-    "plot": ("replayrl.cli.plot", "re-draw a run's plot from its metrics.jsonl"),
+    "ddpo": ("replayrl.cli.ddpo", "fine-tune a diffusion model with DDPO (built-in offline job without a model)"),
     "vllm-serve": ("replayrl.cli.vllm_serve", "serve a model with vLLM for GRPO's vllm_mode='server' (loopback)"),
+    "plot": ("replayrl.cli.plot", "re-draw a run's plot from its metrics.jsonl"),
 }
 
 
