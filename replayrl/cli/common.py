@@ -250,3 +250,35 @@ def check_resume(resume: str | None, output_dir: str, overwrite: bool) -> str | 
     except (CheckpointError, ValueError) as err:
         raise CLIError(str(err)) from err
     return value
+
+
+# ---------------------------------------------------------------------------------------------- resolution
+def parse_with_recipe(parser, argv: list[str], command: str, defaults: dict[str, Any], builtin: dict[str, Any]):
+    """The dataclasses of an HfArgumentParser `parser`, each value from the highest of: flags, the --config
+    recipe, the built-in job's `builtin` settings (only without a model and a dataset, in flags or recipe), the
+    command's own `defaults`, the dataclass defaults. Any problem is a CLIError."""
+    pre = ArgParser(add_help=False, allow_abbrev=False)
+    for name in ("config", "model_name_or_path", "dataset_name"):
+        pre.add_argument(f"--{name}", f"--{name.replace('_', '-')}", dest=name)
+    known = pre.parse_known_args(argv)[0]
+    recipe = load_recipe(known.config) if known.config else {}
+    model = known.model_name_or_path or recipe.get("model_name_or_path")
+    dataset = known.dataset_name or recipe.get("dataset_name")
+    set_defaults(parser, {**defaults, **(builtin if model is None and dataset is None else {})}, "built-in defaults")
+    set_defaults(parser, recipe, known.config)
+    try:
+        *parsed, remaining = parser.parse_args_into_dataclasses(
+            argv, return_remaining_strings=True, look_for_args_file=False
+        )
+    except (ValueError, TypeError) as err:  # the config's own validation, with its fix-it message
+        raise CLIError(str(err)) from err
+    if remaining:
+        raise CLIError(f"unrecognized arguments: {' '.join(remaining)} (see `{PROG} {command} --help`)")
+    return parsed
+
+
+def run_dir(command: str) -> str:
+    """The default output_dir of a command line run: runs/<command>-<time>."""
+    import time
+
+    return f"runs/{command}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -22,14 +22,13 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from transformers import HfArgumentParser, TrainingArguments
 
 from replayrl.cli.common import (
     COMMON_TRAINING_FLAGS,
     PROG,
-    ArgParser,
     CLIError,
     HelpFormatter,
     RaisingParserMixin,
@@ -37,9 +36,9 @@ from replayrl.cli.common import (
     check_resume,
     check_trackers,
     load_any_dataset,
-    load_recipe,
+    parse_with_recipe,
     quiet_datasets,
-    set_defaults,
+    run_dir,
 )
 from replayrl.cli.common import help_text as _help
 from replayrl.grpo.config_parity import TRLParityArguments
@@ -198,34 +197,11 @@ def parse_grpo_args(argv: list[str]) -> tuple[ScriptArguments, ModelConfig, GRPO
     if "-h" in argv or "--help" in argv:
         parser.print_help()  # the library's defaults, not the built-in job's
         raise SystemExit(0)
-    pre = _preparse(argv)
-    recipe = load_recipe(pre.config) if pre.config else {}
-    defaults: dict[str, Any] = {"output_dir": f"runs/grpo-{time.strftime('%Y%m%d-%H%M%S')}", "report_to": "none"}
-    model = pre.model_name_or_path or recipe.get("model_name_or_path")
-    dataset = pre.dataset_name or recipe.get("dataset_name")
-    if model is None and dataset is None:
-        defaults.update(default_task.DEFAULT_CONFIG)
-    set_defaults(parser, defaults, "built-in defaults")
-    set_defaults(parser, recipe, pre.config)
-    try:
-        script, model_args, config, remaining = parser.parse_args_into_dataclasses(
-            argv, return_remaining_strings=True, look_for_args_file=False
-        )
-    except (ValueError, TypeError) as err:  # the config's own validation, with its fix-it message
-        raise CLIError(str(err)) from err
-    if remaining:
-        raise CLIError(f"unrecognized arguments: {' '.join(remaining)} (see `{PROG} grpo --help`)")
+    defaults = {"output_dir": run_dir("grpo"), "report_to": "none"}
+    script, model_args, config = parse_with_recipe(parser, argv, "grpo", defaults, default_task.DEFAULT_CONFIG)
     check_trackers(config.report_to)
     config.trust_remote_code = model_args.trust_remote_code  # one flag for both (see _GRPOParser)
     return script, model_args, config
-
-
-def _preparse(argv: list[str]) -> argparse.Namespace:
-    """The few values that decide the defaults: --config, --model_name_or_path, --dataset_name."""
-    pre = ArgParser(add_help=False, allow_abbrev=False)
-    for name in ("config", "model_name_or_path", "dataset_name"):
-        pre.add_argument(f"--{name}", f"--{name.replace('_', '-')}", dest=name)
-    return pre.parse_known_args(argv)[0]
 
 
 def prepare_prompts(dataset: Dataset, prompt_column: str, system_prompt: str | None) -> Dataset:

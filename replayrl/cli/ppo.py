@@ -17,13 +17,12 @@ from typing import Any
 
 from replayrl.cli.common import (
     PROG,
-    ArgParser,
     CLIError,
     HelpFormatter,
     RaisingParserMixin,
     load_any_dataset,
-    load_recipe,
-    set_defaults,
+    parse_with_recipe,
+    run_dir,
 )
 from replayrl.cli.common import help_text as _help
 
@@ -86,26 +85,7 @@ def parse_ppo_args(argv: list[str]):
         formatter_class=HelpFormatter,
         allow_abbrev=False,
     )
-    pre = ArgParser(add_help=False, allow_abbrev=False)
-    for name in ("config", "model_name_or_path", "dataset_name"):
-        pre.add_argument(f"--{name}", dest=name)
-    known = pre.parse_known_args(argv)[0]
-    recipe = load_recipe(known.config) if known.config else {}
-    defaults: dict[str, Any] = {"output_dir": f"runs/ppo-{time.strftime('%Y%m%d-%H%M%S')}"}
-    if (known.model_name_or_path or recipe.get("model_name_or_path")) is None and (
-        known.dataset_name or recipe.get("dataset_name")
-    ) is None:
-        defaults.update(BUILTIN_CONFIG)
-    set_defaults(parser, defaults, "built-in defaults")
-    set_defaults(parser, recipe, known.config)
-    try:
-        script, config, remaining = parser.parse_args_into_dataclasses(
-            argv, return_remaining_strings=True, look_for_args_file=False
-        )
-    except (ValueError, TypeError) as err:
-        raise CLIError(str(err)) from err
-    if remaining:
-        raise CLIError(f"unrecognized arguments: {' '.join(remaining)} (see `{PROG} ppo --help`)")
+    script, config = parse_with_recipe(parser, argv, "ppo", {"output_dir": run_dir("ppo")}, BUILTIN_CONFIG)
     if isinstance(config.log_with, str) and config.log_with.lower() == "none":
         config.log_with = None
     return script, config

@@ -14,13 +14,12 @@ from transformers import HfArgumentParser
 
 from replayrl.cli.common import (
     PROG,
-    ArgParser,
     CLIError,
     HelpFormatter,
     RaisingParserMixin,
     load_any_dataset,
-    load_recipe,
-    set_defaults,
+    parse_with_recipe,
+    run_dir,
 )
 from replayrl.cli.common import help_text as _help
 from replayrl.metrics import METRICS_FILE, read_metrics, series
@@ -69,26 +68,8 @@ def parse_args(command: str, config_cls: type, builtin: dict[str, Any], argv: li
         formatter_class=HelpFormatter,
         allow_abbrev=False,
     )
-    pre = ArgParser(add_help=False, allow_abbrev=False)
-    for name in ("config", "model_name_or_path", "dataset_name"):
-        pre.add_argument(f"--{name}", f"--{name.replace('_', '-')}", dest=name)
-    known = pre.parse_known_args(argv)[0]
-    recipe = load_recipe(known.config) if known.config else {}
-    defaults: dict[str, Any] = {"output_dir": f"runs/{command}-{time.strftime('%Y%m%d-%H%M%S')}", "report_to": "none"}
-    if (known.model_name_or_path or recipe.get("model_name_or_path")) is None and (
-        known.dataset_name or recipe.get("dataset_name")
-    ) is None:
-        defaults.update(builtin)
-    set_defaults(parser, defaults, "built-in defaults")
-    set_defaults(parser, recipe, known.config)
-    try:
-        script, config, remaining = parser.parse_args_into_dataclasses(
-            argv, return_remaining_strings=True, look_for_args_file=False
-        )
-    except (ValueError, TypeError) as err:
-        raise CLIError(str(err)) from err
-    if remaining:
-        raise CLIError(f"unrecognized arguments: {' '.join(remaining)} (see `{PROG} {command} --help`)")
+    defaults = {"output_dir": run_dir(command), "report_to": "none"}
+    script, config = parse_with_recipe(parser, argv, command, defaults, builtin)
     return script, config
 
 

@@ -26,14 +26,13 @@ from transformers import HfArgumentParser
 
 from replayrl.cli.common import (
     PROG,
-    ArgParser,
     CLIError,
     HelpFormatter,
     RaisingParserMixin,
     load_any_dataset,
-    load_recipe,
+    parse_with_recipe,
     quiet_datasets,
-    set_defaults,
+    run_dir,
 )
 from replayrl.cli.common import help_text as _help
 from replayrl.metrics import METRICS_FILE, read_metrics, series
@@ -111,25 +110,8 @@ def build_sft_parser() -> _SFTParser:
 
 def parse_sft_args(argv: list[str]) -> tuple[ScriptArguments, SFTConfig]:
     parser = build_sft_parser()
-    pre = ArgParser(add_help=False, allow_abbrev=False)
-    for name in ("config", "model_name_or_path", "dataset_name"):
-        pre.add_argument(f"--{name}", f"--{name.replace('_', '-')}", dest=name)
-    known = pre.parse_known_args(argv)[0]
-    recipe = load_recipe(known.config) if known.config else {}
-    defaults: dict[str, Any] = {"output_dir": f"runs/sft-{time.strftime('%Y%m%d-%H%M%S')}", "report_to": "none"}
-    model = known.model_name_or_path or recipe.get("model_name_or_path")
-    if model is None and (known.dataset_name or recipe.get("dataset_name")) is None:
-        defaults.update(DEFAULT_CONFIG)
-    set_defaults(parser, defaults, "built-in defaults")
-    set_defaults(parser, recipe, known.config)
-    try:
-        script, config, remaining = parser.parse_args_into_dataclasses(
-            argv, return_remaining_strings=True, look_for_args_file=False
-        )
-    except (ValueError, TypeError) as err:
-        raise CLIError(str(err)) from err
-    if remaining:
-        raise CLIError(f"unrecognized arguments: {' '.join(remaining)} (see `{PROG} sft --help`)")
+    defaults = {"output_dir": run_dir("sft"), "report_to": "none"}
+    script, config = parse_with_recipe(parser, argv, "sft", defaults, DEFAULT_CONFIG)
     return script, config
 
 
