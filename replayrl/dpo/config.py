@@ -56,6 +56,14 @@ class DPOConfig(TrainingArguments):
             "under FlashAttention). Same loss, fewer wasted tokens when lengths vary."
         ),
     )
+    prefix_sharing: bool = field(
+        default=True,
+        metadata=_help(
+            "Score each pair as one row, prompt | chosen | rejected, the prompt encoded once (arXiv:2410.20305): "
+            "the same log-probs from fewer tokens. Two rows per pair instead under FlashAttention/flex attention, "
+            "sliding-window attention shorter than the row, padding_free, or when truncation cut the prompts apart."
+        ),
+    )
     dataset_num_proc: int | None = field(default=None, metadata=_help("Processes for tokenising the dataset."))
     # Loss
     beta: float = field(default=0.1, metadata=_help("Strength of the implicit KL to the reference (DPO's beta)."))

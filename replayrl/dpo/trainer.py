@@ -25,10 +25,11 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
 
-from replayrl.algos.logprobs import selective_log_softmax
+from replayrl.algos.logprobs import log_probs_at, selective_log_softmax
 from replayrl.algos.preference import PairLogps, dpo_losses, implicit_rewards, wpo_token_terms, wpo_weights
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.preference import DPODataCollator, dataset_kind, tokenize_dpo_row
+from replayrl.data.prefix_sharing import SharedPrefixRows, share_prefixes
 from replayrl.dpo.config import DPOConfig
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.loading import load_causal_lm
@@ -281,13 +282,17 @@ class DPOTrainer(SafeCheckpointsMixin, Trainer):
     def _forward(self, model, batch: dict[str, Tensor], with_logits: bool = True) -> dict[str, Tensor]:
         """One forward on the 2B concatenated rows -> chosen/rejected `logps` and `lengths` (B,) each, and with
         `with_logits` the mean completion logits and (use_weighting) WPO log-weights."""
-        c = self.concatenated_inputs(batch)
-        ids, mask, labels = c["concatenated_input_ids"], c["concatenated_attention_mask"], c["concatenated_labels"]
-        if self.args.padding_free:
-            sums = self._packed_sums(model, ids, mask, labels, with_logits)
+        rows = self._shared_rows(model, batch)
+        if rows is not None:
+            sums = self._shared_sums(model, rows, with_logits)
         else:
-            sums = self._padded_sums(model, ids, mask, labels, with_logits)
-        n = ids.shape[0] // 2
+            c = self.concatenated_inputs(batch)
+            ids, mask, labels = c["concatenated_input_ids"], c["concatenated_attention_mask"], c["concatenated_labels"]
+            if self.args.padding_free:
+                sums = self._packed_sums(model, ids, mask, labels, with_logits)
+            else:
+                sums = self._padded_sums(model, ids, mask, labels, with_logits)
+        n = batch["chosen_input_ids"].shape[0]
         out = {}
         for key, value in sums.items():
             out[f"chosen_{key}"], out[f"rejected_{key}"] = value[:n], value[n:]
@@ -305,6 +310,42 @@ class DPOTrainer(SafeCheckpointsMixin, Trainer):
         targets, target_mask = labels[:, start + 1 :], completion[:, start + 1 :]
         return _token_sums(logits, targets, target_mask, None, ids.shape[0], with_logits, self.args.use_weighting)
 
+    def _shared_rows(self, model, batch: dict[str, Tensor]) -> SharedPrefixRows | None:
+        """The batch as prefix-shared rows, or None where that layout does not apply (see `prefix_sharing`)."""
+        if not self.args.prefix_sharing or self.args.padding_free or _mask_kind(model) is None:
+            return None
+        pad_id = getattr(self.data_collator, "pad_token_id", None) or 0
+        rows = share_prefixes(batch, self.args.label_pad_token_id, pad_id)
+        window = _sliding_window(_base_model(model).config)
+        if rows is None or (window is not None and rows.input_ids.shape[1] > window):
+            return None
+        return rows
+
+    def _shared_sums(self, model, rows: SharedPrefixRows, with_logits: bool) -> dict[str, Tensor]:
+        """Prefix-shared rows (B, L) -> per-sequence sums for the 2B sequences (chosen rows first), as
+        `_padded_sums`. Logits are computed from the first predicting position on."""
+        real = [rows.sources[s][rows.target_mask[s]] for s in ("chosen", "rejected")]
+        start = min((int(r.min()) for r in real if len(r)), default=0)
+        width = rows.input_ids.shape[1]
+        kwargs = {"logits_to_keep": width - start} if _accepts_logits_to_keep(model) else {}
+        mask = _attention_mask(model, rows.attention_allowed())
+        logits = model(
+            input_ids=rows.input_ids, attention_mask=mask, position_ids=rows.position_ids, use_cache=False, **kwargs
+        ).logits
+        logits = logits[:, -(width - start) :]
+        position_terms = _position_terms(logits, with_logits, self.args.use_weighting)
+        parts: dict[str, list[Tensor]] = defaultdict(list)
+        for side in ("chosen", "rejected"):
+            src, mask_t = (rows.sources[side] - start).clamp(min=0), rows.target_mask[side]
+            logps = log_probs_at(logits, src, rows.targets[side]) * mask_t
+            parts["logps"].append(logps.sum(1))
+            count = mask_t.sum(1)
+            parts["lengths"].append(count)
+            for key, per_position in position_terms.items():  # mean over the completion of a per-position term
+                values = per_position.gather(1, src) + (logps.detach() if key == "wpo" else 0)
+                parts[key].append((values * mask_t).sum(1) / count.clamp(min=1))
+        return {key: torch.cat(values) for key, values in parts.items()}
+
     def _packed_sums(self, model, ids: Tensor, mask: Tensor, labels: Tensor, with_logits: bool) -> dict[str, Tensor]:
         """Padding-free: the R rows' real tokens packed into one row, kept apart by position ids restarting at 0
         and (except under FlashAttention, which reads the position ids) a block-diagonal causal mask: position
@@ -317,14 +358,9 @@ class DPOTrainer(SafeCheckpointsMixin, Trainer):
         flat_labels[starts] = self.args.label_pad_token_id  # never a target of the previous sequence's last token
         position_ids = (torch.arange(len(flat_ids), device=ids.device) - starts[seg]).unsqueeze(0)
         kwargs = {"position_ids": position_ids}
-        impl = getattr(_base_model(model).config, "_attn_implementation", "sdpa") or "sdpa"
-        if not impl.startswith("flash"):
+        if _mask_kind(model) is not None:
             allowed = (seg[:, None] == seg[None, :]) & torch.ones(len(seg), len(seg), dtype=torch.bool).tril()
-            allowed = allowed.to(ids.device)[None, None]
-            if impl == "eager":  # eager adds the mask to the scores
-                dtype = _base_model(model).dtype
-                allowed = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-            kwargs["attention_mask"] = allowed
+            kwargs["attention_mask"] = _attention_mask(model, allowed.to(ids.device)[None, None])
         logits = model(input_ids=flat_ids.unsqueeze(0), use_cache=False, **kwargs).logits[:, :-1]
         targets = flat_labels[1:].unsqueeze(0)
         target_mask = targets != self.args.label_pad_token_id
@@ -451,6 +487,41 @@ def _base_model(model):
     while hasattr(model, "module"):  # DDP
         model = model.module
     return model.get_base_model() if _is_peft(model) else model
+
+
+def _mask_kind(model) -> str | None:
+    """How the model takes a 4D attention mask: 'bool' (sdpa), 'additive' (eager), None (FlashAttention and
+    others read no such mask)."""
+    impl = getattr(_base_model(model).config, "_attn_implementation", None) or "sdpa"
+    return {"sdpa": "bool", "eager": "additive"}.get(impl)
+
+
+def _attention_mask(model, allowed: Tensor) -> Tensor:
+    """A (N, 1, L, L) bool "query may see key" mask in the form the model's attention takes."""
+    if _mask_kind(model) == "bool":
+        return allowed
+    dtype = _base_model(model).dtype  # eager adds the mask to the scores
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def _sliding_window(config) -> int | None:
+    """The model's sliding attention window if any layer uses one (a 4D mask would override it), else None."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return window if any("sliding" in t for t in layer_types) else None
+    return window if getattr(config, "use_sliding_window", True) else None
+
+
+def _position_terms(logits: Tensor, with_logits: bool, with_wpo: bool) -> dict[str, Tensor]:
+    """Per-position metric terms (B, L), no grad: the mean logit, and WPO's -log sum_v p(v)^2."""
+    if not with_logits:
+        return {}
+    with torch.no_grad():
+        terms = {"logits": torch.stack([row.float().mean(-1) for row in logits])}
+        if with_wpo:
+            terms["wpo"] = torch.stack([-torch.logsumexp(2 * torch.log_softmax(r.float(), -1), -1) for r in logits])
+    return terms
 
 
 def _accepts_logits_to_keep(model) -> bool:

@@ -57,3 +57,34 @@ def test_token_logps_and_entropy_uses_temperature():
     torch.testing.assert_close(logps, scaled.gather(-1, index.unsqueeze(-1)).squeeze(-1))
     torch.testing.assert_close(entropy, -(scaled.exp() * scaled).sum(-1))
     assert token_logps_and_entropy(logits, index, 1.0, with_entropy=False)[1] is None
+
+
+def test_log_probs_at_matches_log_softmax_gather_with_repeated_sources():
+    from replayrl.algos.logprobs import log_probs_at
+
+    logits, _ = make(shape=(2, 6, 9), seed=3)
+    logits.requires_grad_(True)
+    sources = torch.tensor([[2, 3, 2, 5], [0, 0, 4, 1]])  # a position may predict two tokens (prefix sharing)
+    targets = torch.tensor([[1, 8, 4, 0], [7, 2, 2, 5]])
+    out = log_probs_at(logits, sources, targets)
+    slow = torch.stack(
+        [torch.stack([torch.log_softmax(logits[b, s], -1)[t] for s, t in zip(sources[b], targets[b])]) for b in (0, 1)]
+    )
+    torch.testing.assert_close(out, slow)
+    (grad,) = torch.autograd.grad(out.sum(), logits)
+    (slow_grad,) = torch.autograd.grad(slow.sum(), logits)
+    torch.testing.assert_close(grad, slow_grad)
+    # hand value: uniform logits give -log V whatever the source
+    uniform = log_probs_at(torch.zeros(1, 2, 4), torch.tensor([[1, 1]]), torch.tensor([[0, 3]]))
+    assert uniform[0].tolist() == pytest.approx([-math.log(4)] * 2, abs=1e-6)
+
+
+def test_log_probs_at_bf16_is_computed_in_float32():
+    from replayrl.algos.logprobs import log_probs_at
+
+    logits, index = make(shape=(2, 5, 300), seed=4)
+    sources = torch.arange(5).repeat(2, 1)
+    out = log_probs_at(logits.bfloat16(), sources, index)
+    ref = reference_logps(logits.bfloat16().float(), index)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

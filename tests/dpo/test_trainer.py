@@ -234,28 +234,58 @@ def test_bad_input(tokenizer, pairs_data, tmp_path):
         dpo_args(tmp_path, sync_ref_model=True, precompute_ref_log_probs=True)
 
 
+LAYOUTS = {"two_rows": dict(prefix_sharing=False), "shared": {}, "packed": dict(padding_free=True)}
+
+
+def run_layout(tokenizer, tmp_path, rows, attn, layout, **overrides):
+    """3 steps on `rows` in one of the layouts (prefix sharing is the default); the logged rows, the trained
+    weights, and the widths of the policy's input rows."""
+    model = tiny(tokenizer)
+    model.config._attn_implementation = attn
+    args = dpo_args(tmp_path / layout, max_steps=3, use_weighting=True, loss_type=["sigmoid", "ipo"],
+                    **{**LAYOUTS[layout], **overrides})  # fmt: skip
+    ref = tiny(tokenizer, seed=1)
+    ref.config._attn_implementation = attn
+    trainer = DPOTrainer(model, ref_model=ref, args=args, train_dataset=Dataset.from_list(rows),
+                         processing_class=tokenizer)  # fmt: skip
+    shapes = []
+    model.model.embed_tokens.register_forward_hook(lambda m, inputs, out: shapes.append(tuple(inputs[0].shape)))
+    trainer.train()
+    logged = [r for r in trainer.state.log_history if "loss" in r]
+    return logged, [p.detach().clone() for p in model.parameters()], shapes
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_padding_free_gives_the_padded_losses(tokenizer, tmp_path, attn):
-    """Rows of very different lengths packed into one row: the same losses (and metrics) as padded rows over
-    three steps, with a length-normalised loss and WPO weights in the mix."""
+def test_prefix_sharing_and_padding_free_give_the_two_row_losses_and_updates(tokenizer, tmp_path, attn):
+    """Rows of very different lengths scored three ways: two padded rows per pair, one prefix-shared row per
+    pair, all packed into one row. Same losses, metrics and trained weights over three steps, with a
+    length-normalised loss and WPO weights in the mix; the shared layout feeds the model fewer tokens."""
     rows = [{"prompt": "x" * (1 + 3 * i), "chosen": "y" * (1 + i % 3), "rejected": "z" * (4 - i % 3)} for i in range(8)]
+    runs = {layout: run_layout(tokenizer, tmp_path, rows, attn, layout) for layout in LAYOUTS}
+    (base, base_weights, base_shapes) = runs["two_rows"]
+    for layout in ("shared", "packed"):
+        logged, weights, _ = runs[layout]
+        for a, b in zip(base, logged):
+            for key in ("loss", "loss/ipo", "logps/chosen", "logps/rejected", "logits/rejected", "rewards/margins"):
+                assert b[key] == pytest.approx(a[key], abs=1e-5), (layout, key)
+        for w, v in zip(base_weights, weights):
+            torch.testing.assert_close(v, w, atol=2e-5, rtol=1e-4)  # Adam: lr-sized steps from ~0 grads
+    shared_shapes = runs["shared"][2]
+    assert [s[0] for s in shared_shapes] == [8] * 3 and [s[0] for s in base_shapes] == [16] * 3
+    assert sum(math.prod(s) for s in shared_shapes) < 0.8 * sum(math.prod(s) for s in base_shapes)
 
-    def run(padding_free):
-        model = tiny(tokenizer)
-        model.config._attn_implementation = attn
-        args = dpo_args(tmp_path / str(padding_free), max_steps=3, padding_free=padding_free, use_weighting=True,
-                        loss_type=["sigmoid", "ipo"], ref_model_init_kwargs=None)  # fmt: skip
-        ref = tiny(tokenizer, seed=1)
-        ref.config._attn_implementation = attn
-        trainer = DPOTrainer(model, ref_model=ref, args=args, train_dataset=Dataset.from_list(rows),
-                             processing_class=tokenizer)  # fmt: skip
-        trainer.train()
-        return [r for r in trainer.state.log_history if "loss" in r]
 
-    padded, packed = run(False), run(True)
-    for a, b in zip(padded, packed):
-        for key in ("loss", "loss/ipo", "logps/chosen", "logits/rejected", "rewards/margins"):
-            assert b[key] == pytest.approx(a[key], abs=1e-5), key
+def test_prefix_sharing_falls_back_to_two_rows_when_truncation_cuts_the_prompts_apart(tokenizer, tmp_path):
+    """keep_end cuts the start of prompt + completion: a long chosen and a short rejected leave different
+    prompt tails, so those batches are scored as two rows, with the same result as prefix_sharing=False."""
+    rows = [{"prompt": "abcdefgh" + "x" * i, "chosen": "y" * (2 + 3 * (i % 2)), "rejected": "z"} for i in range(8)]
+    cut = dict(max_length=9, truncation_mode="keep_end")
+    shared, shared_weights, shapes = run_layout(tokenizer, tmp_path, rows, "sdpa", "shared", **cut)
+    base, base_weights, _ = run_layout(tokenizer, tmp_path, rows, "sdpa", "two_rows", **cut)
+    assert [s[0] for s in shapes] == [16] * 3
+    assert [r["loss"] for r in shared] == pytest.approx([r["loss"] for r in base], abs=1e-6)
+    for w, v in zip(base_weights, shared_weights):
+        torch.testing.assert_close(v, w)
 
 
 def test_sync_ref_model_survives_resume(tokenizer, pairs_data, tmp_path):
