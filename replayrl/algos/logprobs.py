@@ -63,13 +63,15 @@ def token_logps_and_entropy(
         return logps, entropy_from_logits(logits.detach())
 
 
-def log_probs_at(logits: Tensor, sources: Tensor, targets: Tensor) -> Tensor:
-    """``log_softmax(logits)[b, sources[b, t], targets[b, t]]``: log-probs of tokens whose predicting positions are
-    not simply "the previous one" (e.g. a prefix-shared row, `replayrl.data.prefix_sharing`).
+def log_probs_at(logits: Tensor, sources: Tensor, targets: Tensor, rows: Tensor | None = None) -> Tensor:
+    """``log_softmax(logits)[rows[b], sources[b, t], targets[b, t]]``: log-probs of tokens whose predicting
+    positions are not simply "the previous one" (e.g. prefix-shared rows, `replayrl.data.prefix_sharing`).
 
-    ``logits: (B, L, V)``, ``sources, targets: (B, T)`` -> float32 ``(B, T)``. A logsumexp per position, row by row in
-    float32, and one gathered logit per token: no ``(B, T, V)`` copy of the logits is made.
+    ``logits: (R, L, V)``, ``sources, targets: (B, T)``, ``rows: (B,)`` the logits row of each index row (None:
+    ``R == B``, row b) -> float32 ``(B, T)``. A logsumexp per position, row by row in float32, and one gathered
+    logit per token: no ``(B, T, V)`` copy of the logits is made.
     """
-    logsumexp = torch.stack([torch.logsumexp(row.float(), dim=-1) for row in logits])  # (B, L)
-    rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
-    return logits[rows, sources, targets].float() - logsumexp.gather(1, sources)
+    if rows is None:
+        rows = torch.arange(logits.shape[0], device=logits.device)
+    logsumexp = torch.stack([torch.logsumexp(row.float(), dim=-1) for row in logits])  # (R, L)
+    return logits[rows[:, None], sources, targets].float() - logsumexp[rows[:, None], sources]

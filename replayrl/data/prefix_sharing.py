@@ -26,25 +26,42 @@ PROMPT, CHOSEN, REJECTED, PADDING = 0, 1, 2, 3
 
 @dataclass
 class SharedPrefixRows:
-    """B pairs as B rows of width L. `sources[side]` (B, T_side): the position whose logits predict the side's
-    t-th completion token `targets[side]` (B, T_side); `target_mask[side]` marks the real ones (padding and a
-    first token with no position before it are 0)."""
+    """B pairs in R <= B rows of width L (the widest pair): a pair shorter than the row's free space shares a row
+    with others, each seeing only itself. Pair b lives in row `row_of_pair[b]`; `sources[side]` (B, T_side): the
+    position in that row whose logits predict the side's t-th completion token `targets[side]` (B, T_side);
+    `target_mask[side]` marks the real ones (padding, and a first token with no position before it, are 0)."""
 
-    input_ids: Tensor  # (B, L)
-    position_ids: Tensor  # (B, L)
-    segments: Tensor  # (B, L): PROMPT, CHOSEN, REJECTED or PADDING
+    input_ids: Tensor  # (R, L)
+    position_ids: Tensor  # (R, L)
+    segments: Tensor  # (R, L): PROMPT, CHOSEN, REJECTED or PADDING
+    pair_ids: Tensor  # (R, L): the pair a position belongs to, -1 for padding
+    row_of_pair: Tensor  # (B,)
     sources: dict[str, Tensor]
     targets: dict[str, Tensor]
     target_mask: dict[str, Tensor]
 
     def attention_allowed(self) -> Tensor:
-        """(B, 1, L, L) bool, query x key: causal, and a key outside the prompt only for queries of its own
-        segment. Padding queries see the prompt and earlier padding, so no row of the mask is empty."""
-        seg = self.segments
+        """(R, 1, L, L) bool, query x key: causal, within one pair, and a key outside the prompt only for queries
+        of its own segment. Padding sees earlier padding and itself, so no row of the mask is empty."""
+        seg, pair = self.segments, self.pair_ids
         width = seg.shape[1]
         causal = torch.ones(width, width, dtype=torch.bool, device=seg.device).tril()
-        same = (seg[:, None, :] == PROMPT) | (seg[:, None, :] == seg[:, :, None])
-        return (same & causal)[:, None]
+        same_pair = pair[:, None, :] == pair[:, :, None]
+        visible = (seg[:, None, :] == PROMPT) | (seg[:, None, :] == seg[:, :, None])
+        return (same_pair & visible & causal)[:, None]
+
+
+def first_fit(lengths: list[int], width: int) -> list[tuple[int, int]]:
+    """(row, offset) per item: first-fit decreasing packing of `lengths` into rows of `width` (ties keep order)."""
+    used: list[int] = []
+    place = [(0, 0)] * len(lengths)
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        row = next((r for r, u in enumerate(used) if u + lengths[i] <= width), len(used))
+        if row == len(used):
+            used.append(0)
+        place[i] = (row, used[row])
+        used[row] += lengths[i]
+    return place
 
 
 def _prompt_length(labels: Tensor, row_length: int, label_pad_token_id: int) -> int:
@@ -73,28 +90,37 @@ def share_prefixes(batch: dict[str, Tensor], label_pad_token_id: int, pad_token_
 
 
 def _layout(pieces: list[tuple[Tensor, Tensor, Tensor]], pad_token_id: int) -> SharedPrefixRows:
-    width = max(len(p) + len(c) + len(r) for p, c, r in pieces)
-    n = len(pieces)
-    device = pieces[0][0].device
-    ids = torch.full((n, width), pad_token_id, dtype=torch.long, device=device)
-    positions = torch.zeros(n, width, dtype=torch.long, device=device)
-    segments = torch.full((n, width), PADDING, dtype=torch.long, device=device)
+    lengths = [len(p) + len(c) + len(r) for p, c, r in pieces]
+    width, n = max(lengths), len(pieces)
+    place = first_fit(lengths, width)
+    num_rows, device = 1 + max(row for row, _ in place), pieces[0][0].device
+    ids = torch.full((num_rows, width), pad_token_id, dtype=torch.long)
+    positions = torch.zeros(num_rows, width, dtype=torch.long)
+    segments = torch.full((num_rows, width), PADDING, dtype=torch.long)
+    pair_ids = torch.full((num_rows, width), -1, dtype=torch.long)
     t_max = {"chosen": max(len(c) for _, c, _ in pieces), "rejected": max(len(r) for _, _, r in pieces)}
-    sources = {s: torch.zeros(n, t, dtype=torch.long, device=device) for s, t in t_max.items()}
-    targets = {s: torch.zeros(n, t, dtype=torch.long, device=device) for s, t in t_max.items()}
-    mask = {s: torch.zeros(n, t, dtype=torch.bool, device=device) for s, t in t_max.items()}
-    for i, (prompt, chosen, rejected) in enumerate(pieces):
+    sources = {s: torch.zeros(n, t, dtype=torch.long) for s, t in t_max.items()}
+    targets = {s: torch.zeros(n, t, dtype=torch.long) for s, t in t_max.items()}
+    mask = {s: torch.zeros(n, t, dtype=torch.bool) for s, t in t_max.items()}
+    for i, ((prompt, chosen, rejected), (row, o)) in enumerate(zip(pieces, place)):
         p, c, r = len(prompt), len(chosen), len(rejected)
-        ids[i, : p + c + r] = torch.cat([prompt, chosen, rejected])
-        positions[i, : p + c + r] = torch.cat([torch.arange(p + c), torch.arange(p, p + r)]).to(device)
-        segments[i, :p], segments[i, p : p + c], segments[i, p + c : p + c + r] = PROMPT, CHOSEN, REJECTED
+        ids[row, o : o + p + c + r] = torch.cat([prompt, chosen, rejected]).cpu()
+        positions[row, o : o + p + c + r] = torch.cat([torch.arange(p + c), torch.arange(p, p + r)])
+        segments[row, o : o + p], segments[row, o + p : o + p + c] = PROMPT, CHOSEN
+        segments[row, o + p + c : o + p + c + r] = REJECTED
+        pair_ids[row, o : o + p + c + r] = i
         # token t of a completion starting at `start` is predicted by position start + t - 1; the first rejected
         # token by the prompt's last position (p - 1), like in its own row
         src_chosen = torch.arange(p - 1, p + c - 1)
         src_rejected = torch.cat([torch.tensor([p - 1]), torch.arange(p + c, p + c + r - 1)])[:r]
         for side, src, tokens in (("chosen", src_chosen, chosen), ("rejected", src_rejected, rejected)):
             k = len(tokens)
-            sources[side][i, :k] = src.clamp(min=0).to(device)
-            targets[side][i, :k] = tokens
-            mask[side][i, :k] = (src >= 0).to(device)
-    return SharedPrefixRows(ids, positions, segments, sources, targets, mask)
+            sources[side][i, :k] = o + src.clamp(min=0)
+            targets[side][i, :k] = tokens.cpu()
+            mask[side][i, :k] = src >= 0
+    row_of_pair = torch.tensor([row for row, _ in place])
+    to = lambda d: {k: v.to(device) for k, v in d.items()}  # noqa: E731
+    return SharedPrefixRows(
+        ids.to(device), positions.to(device), segments.to(device), pair_ids.to(device), row_of_pair.to(device),
+        to(sources), to(targets), to(mask),
+    )  # fmt: skip

@@ -322,8 +322,8 @@ class DPOTrainer(SafeCheckpointsMixin, Trainer):
         return rows
 
     def _shared_sums(self, model, rows: SharedPrefixRows, with_logits: bool) -> dict[str, Tensor]:
-        """Prefix-shared rows (B, L) -> per-sequence sums for the 2B sequences (chosen rows first), as
-        `_padded_sums`. Logits are computed from the first predicting position on."""
+        """Prefix-shared rows (R, L) -> per-sequence sums for the 2B sequences (chosen first), as `_padded_sums`.
+        Logits are computed from the first predicting position on."""
         real = [rows.sources[s][rows.target_mask[s]] for s in ("chosen", "rejected")]
         start = min((int(r.min()) for r in real if len(r)), default=0)
         width = rows.input_ids.shape[1]
@@ -337,12 +337,12 @@ class DPOTrainer(SafeCheckpointsMixin, Trainer):
         parts: dict[str, list[Tensor]] = defaultdict(list)
         for side in ("chosen", "rejected"):
             src, mask_t = (rows.sources[side] - start).clamp(min=0), rows.target_mask[side]
-            logps = log_probs_at(logits, src, rows.targets[side]) * mask_t
+            logps = log_probs_at(logits, src, rows.targets[side], rows.row_of_pair) * mask_t
             parts["logps"].append(logps.sum(1))
             count = mask_t.sum(1)
             parts["lengths"].append(count)
             for key, per_position in position_terms.items():  # mean over the completion of a per-position term
-                values = per_position.gather(1, src) + (logps.detach() if key == "wpo" else 0)
+                values = per_position[rows.row_of_pair[:, None], src] + (logps.detach() if key == "wpo" else 0)
                 parts[key].append((values * mask_t).sum(1) / count.clamp(min=1))
         return {key: torch.cat(values) for key, values in parts.items()}
 

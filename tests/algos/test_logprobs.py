@@ -88,3 +88,16 @@ def test_log_probs_at_bf16_is_computed_in_float32():
     ref = reference_logps(logits.bfloat16().float(), index)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_log_probs_at_reads_each_index_row_from_its_logits_row():
+    from replayrl.algos.logprobs import log_probs_at
+
+    logits, _ = make(shape=(2, 4, 7), seed=5)
+    sources, targets = torch.tensor([[1, 2], [0, 3], [3, 3]]), torch.tensor([[6, 0], [1, 2], [5, 4]])
+    rows = torch.tensor([1, 0, 1])  # three index rows packed into two logits rows
+    out = log_probs_at(logits, sources, targets, rows)
+    slow = [
+        [torch.log_softmax(logits[r, s], -1)[t] for s, t in zip(ss, ts)] for r, ss, ts in zip(rows, sources, targets)
+    ]
+    torch.testing.assert_close(out, torch.tensor(slow))

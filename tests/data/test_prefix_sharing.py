@@ -32,13 +32,32 @@ def test_one_pair_by_hand():
 
 def test_padding_and_masks_over_pairs_of_different_lengths():
     rows = share_prefixes(batch([([5], [6], [7, 8, 9]), ([1, 2, 3], [4, 4], [9])]), P, 0)
-    assert rows.input_ids.tolist() == [[5, 6, 7, 8, 9, 0], [1, 2, 3, 4, 4, 9]]
+    # the widest pair (6 tokens) sets the width and takes the first row; the other (5) cannot join it
+    assert rows.input_ids.tolist() == [[1, 2, 3, 4, 4, 9], [5, 6, 7, 8, 9, 0]]
+    assert rows.row_of_pair.tolist() == [1, 0]
     assert rows.target_mask["chosen"].tolist() == [[True, False], [True, True]]
     assert rows.target_mask["rejected"].tolist() == [[True, True, True], [True, False, False]]
     assert rows.sources["rejected"][0].tolist() == [0, 2, 3]
     allowed = rows.attention_allowed()
-    assert allowed.shape == (2, 1, 6, 6) and allowed.any(-1).all()  # no empty row (padding sees the prompt)
-    assert allowed[0, 0, 5].tolist() == [True, False, False, False, False, True]
+    assert allowed.shape == (2, 1, 6, 6) and allowed.any(-1).all()  # no empty mask row
+    assert allowed[1, 0, 5].tolist() == [False] * 5 + [True]  # padding sees only padding
+
+
+def test_short_pairs_share_a_row_and_never_see_each_other():
+    rows = share_prefixes(batch([([1, 2], [3, 3], [4, 4]), ([5], [6], [7]), ([8], [9], [10])]), P, 0)
+    assert rows.input_ids.tolist() == [[1, 2, 3, 3, 4, 4], [5, 6, 7, 8, 9, 10]]
+    assert rows.position_ids[1].tolist() == [0, 1, 1, 0, 1, 1]  # positions restart with each pair
+    assert rows.row_of_pair.tolist() == [0, 1, 1]
+    assert rows.sources["chosen"][2].tolist() == [3, 0] and rows.target_mask["chosen"][2].tolist() == [True, False]
+    assert rows.sources["rejected"][2].tolist() == [3, 0] and rows.targets["rejected"][2].tolist() == [10, 0]
+    assert rows.attention_allowed()[1, 0].int().tolist() == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 0, 1, 0, 0, 0],
+        [0, 0, 0, 1, 0, 0],  # the third pair starts: nothing of the second is visible
+        [0, 0, 0, 1, 1, 0],
+        [0, 0, 0, 1, 0, 1],
+    ]
 
 
 def test_prompts_cut_apart_by_truncation_give_none():

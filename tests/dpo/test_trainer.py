@@ -271,7 +271,7 @@ def test_prefix_sharing_and_padding_free_give_the_two_row_losses_and_updates(tok
         for w, v in zip(base_weights, weights):
             torch.testing.assert_close(v, w, atol=2e-5, rtol=1e-4)  # Adam: lr-sized steps from ~0 grads
     shared_shapes = runs["shared"][2]
-    assert [s[0] for s in shared_shapes] == [8] * 3 and [s[0] for s in base_shapes] == [16] * 3
+    assert [s[0] for s in base_shapes] == [16] * 3 and all(s[0] <= 8 for s in shared_shapes)  # short pairs pack
     assert sum(math.prod(s) for s in shared_shapes) < 0.8 * sum(math.prod(s) for s in base_shapes)
 
 
