@@ -91,8 +91,9 @@ def share_prefixes(batch: dict[str, Tensor], label_pad_token_id: int, pad_token_
 
 def _layout(pieces: list[tuple[Tensor, Tensor, Tensor]], pad_token_id: int) -> SharedPrefixRows:
     lengths = [len(p) + len(c) + len(r) for p, c, r in pieces]
-    width, n = max(lengths), len(pieces)
-    place = first_fit(lengths, width)
+    n = len(pieces)
+    place = first_fit(lengths, max(lengths))
+    width = max(offset + length for (_, offset), length in zip(place, lengths))
     num_rows, device = 1 + max(row for row, _ in place), pieces[0][0].device
     ids = torch.full((num_rows, width), pad_token_id, dtype=torch.long)
     positions = torch.zeros(num_rows, width, dtype=torch.long)
