@@ -1,17 +1,19 @@
-"""Prefix sharing for preference pairs (Wang & Hegde, arXiv:2410.20305): a pair's prompt is encoded once.
+"""Prefix sharing for preference pairs (Wang & Hegde, arXiv:2410.20305): a pair's common start is encoded once.
 
-The usual layout scores a pair as two rows, prompt + chosen and prompt + rejected, so every prompt token runs
-through the model twice. Here a pair is ONE row, `prompt | chosen | rejected | padding`, with
+The usual layout scores a pair as two rows, chosen and rejected, each starting with the same prompt, so every
+prompt token runs through a causal model twice. Here a pair is ONE row, `prefix | chosen rest | rejected rest`,
+where `prefix` is the longest common start of the two sequences (the prompt, and any completion tokens the two
+share), with
 
-  - position ids `0..p-1 | p..p+c-1 | p..p+r-1`: the rejected completion sits at the positions it has in its
-    own row;
-  - an attention mask in which the rejected tokens see the prompt and the earlier rejected tokens but not the
-    chosen ones (every other token sees what causal attention gives it);
+  - position ids `0..p-1 | p..p+c-1 | p..p+r-1`: each rest sits at the positions it has in its own sequence;
+  - an attention mask in which the rejected rest sees the prefix and itself, never the chosen rest;
 
-so each completion token sees exactly the context, and the positions, it has in the two-row layout: the
-log-probs are the same up to float rounding, from about p + c + r tokens instead of 2p + c + r (and less
-padding). The first rejected token is predicted by the logits at the prompt's last position, so the layout also
-says, for each completion token, which position's logits predict it (`sources`).
+so every token sees exactly the context, at the positions, it has in the two-row layout: log-probs and scores
+are the same up to float rounding, from p + c + r tokens instead of 2p + c + r (and less padding). Rows are as
+wide as the batch's widest pair; shorter pairs share a row where they fit (first-fit decreasing), the mask
+keeping each pair to itself. `SharedPrefixRows.positions` maps an index into a pair's own chosen or rejected
+sequence to its position in the shared row: that is how a caller finds the logits predicting a token, or the
+last token a reward model reads.
 """
 
 from __future__ import annotations
@@ -21,33 +23,41 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-PROMPT, CHOSEN, REJECTED, PADDING = 0, 1, 2, 3
+PREFIX, CHOSEN, REJECTED, PADDING = 0, 1, 2, 3
+SIDES = ("chosen", "rejected")
 
 
 @dataclass
 class SharedPrefixRows:
-    """B pairs in R <= B rows of width L (the widest pair): a pair shorter than the row's free space shares a row
-    with others, each seeing only itself. Pair b lives in row `row_of_pair[b]`; `sources[side]` (B, T_side): the
-    position in that row whose logits predict the side's t-th completion token `targets[side]` (B, T_side);
-    `target_mask[side]` marks the real ones (padding, and a first token with no position before it, are 0)."""
+    """B pairs in R <= B rows of width L. Pair b lives in row `row_of_pair[b]` from column `offsets[b]`; its
+    common prefix has `prefix_lengths[b]` tokens, its own sequences `lengths[side][b]`."""
 
     input_ids: Tensor  # (R, L)
     position_ids: Tensor  # (R, L)
-    segments: Tensor  # (R, L): PROMPT, CHOSEN, REJECTED or PADDING
-    pair_ids: Tensor  # (R, L): the pair a position belongs to, -1 for padding
+    segments: Tensor  # (R, L): PREFIX, CHOSEN, REJECTED or PADDING
+    pair_ids: Tensor  # (R, L): the pair a column belongs to, -1 for padding
     row_of_pair: Tensor  # (B,)
-    sources: dict[str, Tensor]
-    targets: dict[str, Tensor]
-    target_mask: dict[str, Tensor]
+    offsets: Tensor  # (B,)
+    prefix_lengths: Tensor  # (B,)
+    lengths: dict[str, Tensor]  # side -> (B,)
+
+    def positions(self, side: str, index: Tensor) -> Tensor:
+        """Column in pair b's row of token `index[b, ...]` of its own `side` sequence. index (B, ...) -> same."""
+        expand = (-1,) + (1,) * (index.dim() - 1)
+        offsets, prefix = self.offsets.view(expand), self.prefix_lengths.view(expand)
+        if side == "chosen":
+            return offsets + index
+        chosen_rest = (self.lengths["chosen"] - self.prefix_lengths).view(expand)
+        return offsets + index + torch.where(index >= prefix, chosen_rest, 0)
 
     def attention_allowed(self) -> Tensor:
-        """(R, 1, L, L) bool, query x key: causal, within one pair, and a key outside the prompt only for queries
+        """(R, 1, L, L) bool, query x key: causal, within one pair, and a key outside the prefix only for queries
         of its own segment. Padding sees earlier padding and itself, so no row of the mask is empty."""
         seg, pair = self.segments, self.pair_ids
         width = seg.shape[1]
         causal = torch.ones(width, width, dtype=torch.bool, device=seg.device).tril()
         same_pair = pair[:, None, :] == pair[:, :, None]
-        visible = (seg[:, None, :] == PROMPT) | (seg[:, None, :] == seg[:, :, None])
+        visible = (seg[:, None, :] == PREFIX) | (seg[:, None, :] == seg[:, :, None])
         return (same_pair & visible & causal)[:, None]
 
 
@@ -64,64 +74,61 @@ def first_fit(lengths: list[int], width: int) -> list[tuple[int, int]]:
     return place
 
 
-def _prompt_length(labels: Tensor, row_length: int, label_pad_token_id: int) -> int:
-    """Tokens before the first completion label (the whole row when no completion token survived truncation)."""
-    completion = (labels[:row_length] != label_pad_token_id).nonzero()
-    return int(completion[0]) if len(completion) else row_length
+def _common_prefix(a: Tensor, b: Tensor) -> int:
+    n = min(len(a), len(b))
+    differ = (a[:n] != b[:n]).nonzero()
+    return int(differ[0]) if len(differ) else n
 
 
-def share_prefixes(batch: dict[str, Tensor], label_pad_token_id: int, pad_token_id: int) -> SharedPrefixRows | None:
-    """The seed's batch (`chosen_input_ids`, `chosen_attention_mask`, `chosen_labels`, the same for `rejected_*`,
-    right-padded, labels = `label_pad_token_id` on prompt and padding) -> one row per pair. None when a pair's
-    two rows do not start with the same prompt (truncation cut them differently): use two rows then."""
-    pieces = []
-    for i in range(batch["chosen_input_ids"].shape[0]):
-        parts = {}
-        for side in ("chosen", "rejected"):
-            length = int(batch[f"{side}_attention_mask"][i].sum())
-            ids = batch[f"{side}_input_ids"][i, :length]
-            p = _prompt_length(batch[f"{side}_labels"][i], length, label_pad_token_id)
-            parts[side] = (ids[:p], ids[p:])
-        (prompt, chosen), (other_prompt, rejected) = parts["chosen"], parts["rejected"]
-        if not torch.equal(prompt, other_prompt):
-            return None
-        pieces.append((prompt, chosen, rejected))
-    return _layout(pieces, pad_token_id)
+def share_prefixes(chosen: Tensor, chosen_mask: Tensor, rejected: Tensor, rejected_mask: Tensor, pad_token_id: int):
+    """Right-padded chosen (B, Lc) and rejected (B, Lr) ids with their attention masks -> `SharedPrefixRows`."""
+    pairs = []
+    for i in range(chosen.shape[0]):
+        a, b = chosen[i, : int(chosen_mask[i].sum())], rejected[i, : int(rejected_mask[i].sum())]
+        pairs.append((a, b, _common_prefix(a, b)))
+    return _layout(pairs, pad_token_id)
 
 
-def _layout(pieces: list[tuple[Tensor, Tensor, Tensor]], pad_token_id: int) -> SharedPrefixRows:
-    lengths = [len(p) + len(c) + len(r) for p, c, r in pieces]
-    n = len(pieces)
-    place = first_fit(lengths, max(lengths))
-    width = max(offset + length for (_, offset), length in zip(place, lengths))
-    num_rows, device = 1 + max(row for row, _ in place), pieces[0][0].device
+def _layout(pairs: list[tuple[Tensor, Tensor, int]], pad_token_id: int) -> SharedPrefixRows:
+    sizes = [len(a) + len(b) - p for a, b, p in pairs]
+    place = first_fit(sizes, max(sizes))
+    width = max(offset + size for (_, offset), size in zip(place, sizes))
+    num_rows, device = 1 + max(row for row, _ in place), pairs[0][0].device
     ids = torch.full((num_rows, width), pad_token_id, dtype=torch.long)
     positions = torch.zeros(num_rows, width, dtype=torch.long)
     segments = torch.full((num_rows, width), PADDING, dtype=torch.long)
     pair_ids = torch.full((num_rows, width), -1, dtype=torch.long)
-    t_max = {"chosen": max(len(c) for _, c, _ in pieces), "rejected": max(len(r) for _, _, r in pieces)}
-    sources = {s: torch.zeros(n, t, dtype=torch.long) for s, t in t_max.items()}
-    targets = {s: torch.zeros(n, t, dtype=torch.long) for s, t in t_max.items()}
-    mask = {s: torch.zeros(n, t, dtype=torch.bool) for s, t in t_max.items()}
-    for i, ((prompt, chosen, rejected), (row, o)) in enumerate(zip(pieces, place)):
-        p, c, r = len(prompt), len(chosen), len(rejected)
-        ids[row, o : o + p + c + r] = torch.cat([prompt, chosen, rejected]).cpu()
+    for i, ((a, b, p), (row, o)) in enumerate(zip(pairs, place)):
+        c, r = len(a) - p, len(b) - p
+        ids[row, o : o + p + c + r] = torch.cat([a, b[p:]]).cpu()
         positions[row, o : o + p + c + r] = torch.cat([torch.arange(p + c), torch.arange(p, p + r)])
-        segments[row, o : o + p], segments[row, o + p : o + p + c] = PROMPT, CHOSEN
+        segments[row, o : o + p], segments[row, o + p : o + p + c] = PREFIX, CHOSEN
         segments[row, o + p + c : o + p + c + r] = REJECTED
         pair_ids[row, o : o + p + c + r] = i
-        # token t of a completion starting at `start` is predicted by position start + t - 1; the first rejected
-        # token by the prompt's last position (p - 1), like in its own row
-        src_chosen = torch.arange(p - 1, p + c - 1)
-        src_rejected = torch.cat([torch.tensor([p - 1]), torch.arange(p + c, p + c + r - 1)])[:r]
-        for side, src, tokens in (("chosen", src_chosen, chosen), ("rejected", src_rejected, rejected)):
-            k = len(tokens)
-            sources[side][i, :k] = o + src.clamp(min=0)
-            targets[side][i, :k] = tokens.cpu()
-            mask[side][i, :k] = src >= 0
-    row_of_pair = torch.tensor([row for row, _ in place])
-    to = lambda d: {k: v.to(device) for k, v in d.items()}  # noqa: E731
+    as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
     return SharedPrefixRows(
-        ids.to(device), positions.to(device), segments.to(device), pair_ids.to(device), row_of_pair.to(device),
-        to(sources), to(targets), to(mask),
-    )  # fmt: skip
+        input_ids=ids.to(device),
+        position_ids=positions.to(device),
+        segments=segments.to(device),
+        pair_ids=pair_ids.to(device),
+        row_of_pair=as_tensor([row for row, _ in place]),
+        offsets=as_tensor([offset for _, offset in place]),
+        prefix_lengths=as_tensor([p for _, _, p in pairs]),
+        lengths={
+            "chosen": as_tensor([len(a) for a, _, _ in pairs]),
+            "rejected": as_tensor([len(b) for _, b, _ in pairs]),
+        },
+    )
+
+
+def completion_targets(rows: SharedPrefixRows, side: str, ids: Tensor, starts: Tensor) -> tuple[Tensor, ...]:
+    """The tokens `ids[b, starts[b]:lengths[b]]` of each pair's `side` sequence (B, L_side) as targets (B, T),
+    the row columns whose logits predict them (B, T) (the previous token's column), and their mask (B, T)
+    (padding, and a first token with nothing before it, are False; their targets and sources are 0)."""
+    lengths = rows.lengths[side]
+    span = int((lengths - starts).max().clamp(min=0))
+    index = starts[:, None] + torch.arange(span, device=ids.device)  # (B, T) indices into the own sequence
+    mask = (index < lengths[:, None]) & (index >= 1)
+    targets = ids.gather(1, index.clamp(max=ids.shape[1] - 1))
+    sources = torch.where(mask, rows.positions(side, (index - 1).clamp(min=0)), 0)  # in range where masked
+    return torch.where(mask, targets, 0), sources, mask

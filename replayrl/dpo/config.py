@@ -59,9 +59,9 @@ class DPOConfig(TrainingArguments):
     prefix_sharing: bool = field(
         default=True,
         metadata=_help(
-            "Score each pair as one row, prompt | chosen | rejected, the prompt encoded once (arXiv:2410.20305): "
-            "the same log-probs from fewer tokens. Two rows per pair instead under FlashAttention/flex attention, "
-            "sliding-window attention shorter than the row, padding_free, or when truncation cut the prompts apart."
+            "Score each pair as one row, prefix | chosen rest | rejected rest, the common prefix (the prompt) "
+            "encoded once (arXiv:2410.20305): the same log-probs from fewer tokens. Two rows per pair instead under "
+            "FlashAttention/flex attention, sliding-window attention shorter than the row, or padding_free."
         ),
     )
     dataset_num_proc: int | None = field(default=None, metadata=_help("Processes for tokenising the dataset."))

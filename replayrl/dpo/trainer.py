@@ -29,9 +29,10 @@ from replayrl.algos.logprobs import log_probs_at, selective_log_softmax
 from replayrl.algos.preference import PairLogps, dpo_losses, implicit_rewards, wpo_token_terms, wpo_weights
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.preference import DPODataCollator, dataset_kind, tokenize_dpo_row
-from replayrl.data.prefix_sharing import SharedPrefixRows, share_prefixes
+from replayrl.data.prefix_sharing import SIDES, SharedPrefixRows, completion_targets, share_prefixes
 from replayrl.dpo.config import DPOConfig
 from replayrl.metrics.callback import attach_metrics_file
+from replayrl.models.attention import attention_mask_for, base_model, is_peft_model, mask_kind, sliding_window
 from replayrl.models.loading import load_causal_lm
 from replayrl.models.reference import SyncRefModelCallback
 
@@ -45,14 +46,6 @@ SEED_ARGS = (
     "disable_dropout",
     "reference_free",
 )
-
-
-def _is_peft(model) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:
-        return False
-    return isinstance(model, PeftModel)
 
 
 def _disable_dropout(model: nn.Module) -> None:
@@ -95,7 +88,7 @@ class DPOTrainer(SafeCheckpointsMixin, Trainer):
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
         model, ref_model = self._load_models(model, ref_model, args, peft_config)
-        self.is_peft_model = _is_peft(model)
+        self.is_peft_model = is_peft_model(model)
         with PartialState().main_process_first():
             train_dataset = self._tokenize(train_dataset, "train_dataset", processing_class, args)
             eval_dataset = self._tokenize(eval_dataset, "eval_dataset", processing_class, args)
@@ -163,7 +156,7 @@ class DPOTrainer(SafeCheckpointsMixin, Trainer):
             return None
         if ref_model is not None:
             ref_model = load_causal_lm(ref_model, args.ref_model_init_kwargs)
-        elif _is_peft(model) or args.precompute_ref_log_probs:
+        elif is_peft_model(model) or args.precompute_ref_log_probs:
             return None
         else:
             ref_model = copy.deepcopy(model)
@@ -284,7 +277,7 @@ class DPOTrainer(SafeCheckpointsMixin, Trainer):
         `with_logits` the mean completion logits and (use_weighting) WPO log-weights."""
         rows = self._shared_rows(model, batch)
         if rows is not None:
-            sums = self._shared_sums(model, rows, with_logits)
+            sums = self._shared_sums(model, batch, rows, with_logits)
         else:
             c = self.concatenated_inputs(batch)
             ids, mask, labels = c["concatenated_input_ids"], c["concatenated_attention_mask"], c["concatenated_labels"]
@@ -312,32 +305,37 @@ class DPOTrainer(SafeCheckpointsMixin, Trainer):
 
     def _shared_rows(self, model, batch: dict[str, Tensor]) -> SharedPrefixRows | None:
         """The batch as prefix-shared rows, or None where that layout does not apply (see `prefix_sharing`)."""
-        if not self.args.prefix_sharing or self.args.padding_free or _mask_kind(model) is None:
+        if not self.args.prefix_sharing or self.args.padding_free or mask_kind(model) is None:
             return None
         pad_id = getattr(self.data_collator, "pad_token_id", None) or 0
-        rows = share_prefixes(batch, self.args.label_pad_token_id, pad_id)
-        window = _sliding_window(_base_model(model).config)
-        if rows is None or (window is not None and rows.input_ids.shape[1] > window):
-            return None
-        return rows
+        rows = share_prefixes(
+            *(batch[f"{side}_{k}"] for side in SIDES for k in ("input_ids", "attention_mask")), pad_id
+        )
+        window = sliding_window(base_model(model).config)
+        return None if window is not None and rows.input_ids.shape[1] > window else rows
 
-    def _shared_sums(self, model, rows: SharedPrefixRows, with_logits: bool) -> dict[str, Tensor]:
+    def _shared_sums(self, model, batch, rows: SharedPrefixRows, with_logits: bool) -> dict[str, Tensor]:
         """Prefix-shared rows (R, L) -> per-sequence sums for the 2B sequences (chosen first), as `_padded_sums`.
-        Logits are computed from the first predicting position on."""
-        real = [rows.sources[s][rows.target_mask[s]] for s in ("chosen", "rejected")]
+        Logits are computed from the first predicting column on."""
+        sides = {}
+        for side in SIDES:
+            completion = batch[f"{side}_labels"] != self.args.label_pad_token_id
+            starts = torch.where(completion.any(1), completion.int().argmax(1), rows.lengths[side])
+            sides[side] = completion_targets(rows, side, batch[f"{side}_input_ids"], starts)
+        real = [sources[mask] for _, sources, mask in sides.values()]
         start = min((int(r.min()) for r in real if len(r)), default=0)
         width = rows.input_ids.shape[1]
         kwargs = {"logits_to_keep": width - start} if _accepts_logits_to_keep(model) else {}
-        mask = _attention_mask(model, rows.attention_allowed())
+        mask = attention_mask_for(model, rows.attention_allowed())
         logits = model(
             input_ids=rows.input_ids, attention_mask=mask, position_ids=rows.position_ids, use_cache=False, **kwargs
         ).logits
         logits = logits[:, -(width - start) :]
         position_terms = _position_terms(logits, with_logits, self.args.use_weighting)
         parts: dict[str, list[Tensor]] = defaultdict(list)
-        for side in ("chosen", "rejected"):
-            src, mask_t = (rows.sources[side] - start).clamp(min=0), rows.target_mask[side]
-            logps = log_probs_at(logits, src, rows.targets[side], rows.row_of_pair) * mask_t
+        for targets, sources, mask_t in sides.values():
+            src = (sources - start).clamp(min=0)
+            logps = log_probs_at(logits, src, targets, rows.row_of_pair) * mask_t
             parts["logps"].append(logps.sum(1))
             count = mask_t.sum(1)
             parts["lengths"].append(count)
@@ -358,9 +356,9 @@ class DPOTrainer(SafeCheckpointsMixin, Trainer):
         flat_labels[starts] = self.args.label_pad_token_id  # never a target of the previous sequence's last token
         position_ids = (torch.arange(len(flat_ids), device=ids.device) - starts[seg]).unsqueeze(0)
         kwargs = {"position_ids": position_ids}
-        if _mask_kind(model) is not None:
+        if mask_kind(model) is not None:
             allowed = (seg[:, None] == seg[None, :]) & torch.ones(len(seg), len(seg), dtype=torch.bool).tril()
-            kwargs["attention_mask"] = _attention_mask(model, allowed.to(ids.device)[None, None])
+            kwargs["attention_mask"] = attention_mask_for(model, allowed.to(ids.device)[None, None])
         logits = model(input_ids=flat_ids.unsqueeze(0), use_cache=False, **kwargs).logits[:, :-1]
         targets = flat_labels[1:].unsqueeze(0)
         target_mask = targets != self.args.label_pad_token_id
@@ -482,37 +480,6 @@ class DPOTrainer(SafeCheckpointsMixin, Trainer):
         super().log(logs, start_time)
 
 
-def _base_model(model):
-    """The transformers model under DDP and PEFT wrappers."""
-    while hasattr(model, "module"):  # DDP
-        model = model.module
-    return model.get_base_model() if _is_peft(model) else model
-
-
-def _mask_kind(model) -> str | None:
-    """How the model takes a 4D attention mask: 'bool' (sdpa), 'additive' (eager), None (FlashAttention and
-    others read no such mask)."""
-    impl = getattr(_base_model(model).config, "_attn_implementation", None) or "sdpa"
-    return {"sdpa": "bool", "eager": "additive"}.get(impl)
-
-
-def _attention_mask(model, allowed: Tensor) -> Tensor:
-    """A (N, 1, L, L) bool "query may see key" mask in the form the model's attention takes."""
-    if _mask_kind(model) == "bool":
-        return allowed
-    dtype = _base_model(model).dtype  # eager adds the mask to the scores
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
-
-
-def _sliding_window(config) -> int | None:
-    """The model's sliding attention window if any layer uses one (a 4D mask would override it), else None."""
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None:
-        return window if any("sliding" in t for t in layer_types) else None
-    return window if getattr(config, "use_sliding_window", True) else None
-
-
 def _position_terms(logits: Tensor, with_logits: bool, with_wpo: bool) -> dict[str, Tensor]:
     """Per-position metric terms (B, L), no grad: the mean logit, and WPO's -log sum_v p(v)^2."""
     if not with_logits:
@@ -525,7 +492,7 @@ def _position_terms(logits: Tensor, with_logits: bool, with_wpo: bool) -> dict[s
 
 
 def _accepts_logits_to_keep(model) -> bool:
-    return "logits_to_keep" in inspect.signature(_base_model(model).forward).parameters
+    return "logits_to_keep" in inspect.signature(base_model(model).forward).parameters
 
 
 def _token_sums(

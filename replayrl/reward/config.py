@@ -39,6 +39,14 @@ class RewardConfig(TrainingArguments):
             "EOS, and the reward is read at the last token, so training must see the same ending."
         ),
     )
+    prefix_sharing: bool = field(
+        default=True,
+        metadata=_help(
+            "Score each pair as one row, common prefix | chosen rest | rejected rest, the prefix (the prompt) "
+            "encoded once (arXiv:2410.20305): the same rewards from fewer tokens. Decoder models with a `score` "
+            "head under sdpa/eager attention; two rows otherwise (FlashAttention, encoders, left-padded masks)."
+        ),
+    )
     disable_dropout: bool = field(default=True, metadata=_help("Turn dropout off in the model."))
     dataset_num_proc: int | None = field(default=None, metadata=_help("Processes for tokenising the dataset."))
 

@@ -1,9 +1,10 @@
 """`RewardTrainer`: a scalar reward model trained on preference pairs (Bradley-Terry), on `transformers.Trainer`.
 
-What runs, per batch of pairs: chosen and rejected sequences (prompt + completion) concatenated into one
-forward of an `AutoModelForSequenceClassification` with `num_labels=1`; the reward of a sequence is the head's
-value at its last non-pad token (transformers' pooling, which reads `model.config.pad_token_id`, hence the
-check below); loss = -log sigmoid(r_c - r_r - margin) [+ c * mean((r_c + r_r)^2)] (replayrl.algos.preference).
+What runs, per batch of pairs: one forward of an `AutoModelForSequenceClassification` with `num_labels=1` on
+each pair as one prefix-shared row (`replayrl.data.prefix_sharing`; else chosen and rejected rows concatenated);
+the reward of a sequence is the head's value at its last non-pad token (transformers' pooling, which reads
+`model.config.pad_token_id`, hence the check below); loss = -log sigmoid(r_c - r_r - margin)
+[+ c * mean((r_c + r_r)^2)] (replayrl.algos.preference).
 Metrics: loss, accuracy (r_c > r_r; ties count as wrong), margin, min/mean/max reward, num_tokens.
 """
 
@@ -28,7 +29,9 @@ from transformers import (
 from replayrl.algos.preference import bradley_terry_loss, pairwise_accuracy
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.preference import RewardDataCollatorWithPadding, dataset_kind, tokenize_reward_row
+from replayrl.data.prefix_sharing import SIDES, SharedPrefixRows, share_prefixes
 from replayrl.metrics.callback import attach_metrics_file
+from replayrl.models.attention import attention_mask_for, base_model, mask_kind, sliding_window
 from replayrl.reward.config import RewardConfig
 
 logger = logging.getLogger(__name__)
@@ -39,6 +42,14 @@ def compute_accuracy(eval_pred: EvalPrediction) -> dict[str, float]:
     Ties count as wrong (the seed's argmax counted them as right; a constant model would score 1.0)."""
     predictions = np.asarray(eval_pred.predictions)
     return {"accuracy": float((predictions[:, 0] > predictions[:, 1]).mean())}
+
+
+def _score_head(model) -> nn.Module | None:
+    """The linear head of a decoder-only sequence classifier (`score`: Llama, Qwen, Mistral, Gemma, GPT-2, ...),
+    None for other models (encoders attend both ways, so a shared prefix would see its completions)."""
+    base = base_model(model)
+    head = getattr(base, "score", None)
+    return head if isinstance(head, nn.Module) and not base.config.is_encoder_decoder else None
 
 
 def _disable_dropout(model: nn.Module) -> None:
@@ -170,7 +181,11 @@ class RewardTrainer(SafeCheckpointsMixin, Trainer):
 
     # ----------------------------------------------------------------------------------------- loss
     def rewards(self, model, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """One forward on chosen and rejected rows together -> rewards (B,), (B,)."""
+        """One forward on chosen and rejected together -> rewards (B,), (B,): one prefix-shared row per pair
+        where it applies (`prefix_sharing`), else chosen and rejected rows concatenated."""
+        rows, head = self._shared_rows(model, batch), _score_head(model)
+        if rows is not None and head is not None:
+            return self._shared_rewards(model, head, rows, batch)
         width = max(batch["input_ids_chosen"].shape[1], batch["input_ids_rejected"].shape[1])
 
         def both(key: str, fill: int) -> Tensor:
@@ -181,6 +196,38 @@ class RewardTrainer(SafeCheckpointsMixin, Trainer):
         scores = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.squeeze(-1)
         n = batch["input_ids_chosen"].shape[0]
         return scores[:n], scores[n:]
+
+    def _shared_rows(self, model, batch: dict[str, Tensor]) -> SharedPrefixRows | None:
+        masks = [batch[f"attention_mask_{side}"] for side in SIDES]
+        right_padded = all(
+            torch.equal(m.bool(), torch.arange(m.shape[1], device=m.device) < m.sum(1, keepdim=True)) for m in masks
+        )
+        if not self.args.prefix_sharing or mask_kind(model) is None or not right_padded:
+            return None
+        ids = [batch[f"input_ids_{side}"] for side in SIDES]
+        rows = share_prefixes(ids[0], masks[0], ids[1], masks[1], self.pad_token_id)
+        window = sliding_window(base_model(model).config)
+        return None if window is not None and rows.input_ids.shape[1] > window else rows
+
+    def _shared_rewards(self, model, head: nn.Module, rows: SharedPrefixRows, batch) -> tuple[Tensor, Tensor]:
+        """The head's outputs at every column of the shared rows (caught from inside the model's own forward, so
+        DDP/FSDP see an ordinary forward), read where transformers' pooling would read each sequence: its last
+        token that is not `config.pad_token_id`."""
+        caught: list[Tensor] = []
+        hook = head.register_forward_hook(lambda module, inputs, output: caught.append(output))
+        try:
+            mask = attention_mask_for(model, rows.attention_allowed())
+            model(input_ids=rows.input_ids, attention_mask=mask, position_ids=rows.position_ids, use_cache=False)
+        finally:
+            hook.remove()
+        scores, pad = caught[-1].squeeze(-1), base_model(model).config.pad_token_id  # (R, L)
+        out = []
+        for side in SIDES:
+            ids = batch[f"input_ids_{side}"]
+            last = (torch.arange(ids.shape[1], device=ids.device) * (ids != pad)).argmax(-1)  # as transformers
+            last = torch.minimum(last, rows.lengths[side] - 1)  # a config pad id the collator does not pad with
+            out.append(scores[rows.row_of_pair, rows.positions(side, last)])
+        return out[0], out[1]
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         mode = "train" if model.training else "eval"

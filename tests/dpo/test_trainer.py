@@ -275,17 +275,18 @@ def test_prefix_sharing_and_padding_free_give_the_two_row_losses_and_updates(tok
     assert sum(math.prod(s) for s in shared_shapes) < 0.8 * sum(math.prod(s) for s in base_shapes)
 
 
-def test_prefix_sharing_falls_back_to_two_rows_when_truncation_cuts_the_prompts_apart(tokenizer, tmp_path):
-    """keep_end cuts the start of prompt + completion: a long chosen and a short rejected leave different
-    prompt tails, so those batches are scored as two rows, with the same result as prefix_sharing=False."""
-    rows = [{"prompt": "abcdefgh" + "x" * i, "chosen": "y" * (2 + 3 * (i % 2)), "rejected": "z"} for i in range(8)]
-    cut = dict(max_length=9, truncation_mode="keep_end")
+@pytest.mark.parametrize("cut", [{}, dict(max_length=9, truncation_mode="keep_end")])
+def test_prefix_sharing_when_completions_share_a_start_or_truncation_cuts_the_prompts_apart(tokenizer, tmp_path, cut):
+    """The shared prefix is the longest common start: it runs into the completions when they begin alike, and is
+    shorter than the prompt when keep_end cut a long chosen's prompt more than a short rejected's. Either way
+    the same losses and updates as two rows."""
+    rows = [{"prompt": "abcdefgh" + "x" * i, "chosen": "yy" + "y" * 3 * (i % 2), "rejected": "yz"} for i in range(8)]
     shared, shared_weights, shapes = run_layout(tokenizer, tmp_path, rows, "sdpa", "shared", **cut)
     base, base_weights, _ = run_layout(tokenizer, tmp_path, rows, "sdpa", "two_rows", **cut)
-    assert [s[0] for s in shapes] == [16] * 3
-    assert [r["loss"] for r in shared] == pytest.approx([r["loss"] for r in base], abs=1e-6)
+    assert all(s[0] <= 8 for s in shapes)
+    assert [r["loss"] for r in shared] == pytest.approx([r["loss"] for r in base], abs=1e-5)
     for w, v in zip(base_weights, shared_weights):
-        torch.testing.assert_close(v, w)
+        torch.testing.assert_close(v, w, atol=2e-5, rtol=1e-4)
 
 
 def test_sync_ref_model_survives_resume(tokenizer, pairs_data, tmp_path):

@@ -1,5 +1,6 @@
 """RewardTrainer through train(): learning, the loss on a real batch, seed columns, pad-token check, bad input."""
 
+import copy
 import math
 
 import numpy as np
@@ -156,3 +157,39 @@ def test_peft_reward_model_trains_the_adapter_and_head(tokenizer, pairs_data, tm
     trainer.train()
     changed = [n for n, p in trainer.model.named_parameters() if n in before and not torch.equal(p, before[n])]
     assert any("lora_B" in n for n in changed) and any("score" in n for n in changed)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("pad_is_eos", [False, True])
+def test_prefix_sharing_gives_the_two_row_losses_and_updates(tokenizer, tmp_path, attn, pad_is_eos):
+    """One prefix-shared row per pair vs two rows: the same losses, accuracies and trained weights over three
+    steps, from fewer tokens. With pad == EOS (appended), transformers' pooling reads the token before the EOS;
+    the shared rows must read the same one."""
+    rows = [{"prompt": "q" * (2 + 3 * i), "chosen": "ab"[i % 2] * (1 + i % 3), "rejected": "ac" + "d" * (i % 2)}
+            for i in range(8)]  # fmt: skip
+
+    tok = copy.deepcopy(tokenizer)
+    if pad_is_eos:
+        tok.pad_token = tok.eos_token
+
+    def run(sharing):
+        model = classifier(tok)
+        model.config._attn_implementation = attn
+        args = rm_args(tmp_path / str(sharing), max_steps=3, per_device_train_batch_size=8, prefix_sharing=sharing,
+                       append_eos=pad_is_eos, center_rewards_coefficient=0.01)  # fmt: skip
+        trainer = RewardTrainer(model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
+        assert trainer.pad_token_id == (tok.eos_token_id if pad_is_eos else tok.pad_token_id)
+        shapes = []
+        model.model.embed_tokens.register_forward_hook(lambda m, inputs, out: shapes.append(tuple(inputs[0].shape)))
+        trainer.train()
+        logged = [r for r in trainer.state.log_history if "loss" in r]
+        return logged, [p.detach().clone() for p in model.parameters()], shapes
+
+    (base, base_weights, base_shapes), (shared, weights, shapes) = run(False), run(True)
+    for a, b in zip(base, shared):
+        for key in ("loss", "accuracy", "margin", "rewards/mean"):
+            assert b[key] == pytest.approx(a[key], abs=1e-5), key
+    for w, v in zip(base_weights, weights):
+        torch.testing.assert_close(v, w, atol=2e-5, rtol=1e-4)
+    assert [s[0] for s in base_shapes] == [16] * 3 and all(s[0] <= 8 for s in shapes)
+    assert sum(math.prod(s) for s in shapes) < 0.8 * sum(math.prod(s) for s in base_shapes)
