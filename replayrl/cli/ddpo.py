@@ -36,7 +36,7 @@ DEFAULT_JOB: dict[str, Any] = dict(
     # SGD with momentum: with epsilon far above the gradients' size (RMS ~1e-3) Adam's step is lr / eps times its
     # momentum-averaged gradient. Adam's per-weight normalisation (eps 1e-8) gives every one of the ~1 M weights a
     # step of about lr * sign(noise), and DDPO's estimate is mostly noise: its drift then swamps the ascent.
-    train_learning_rate=0.1,
+    train_learning_rate=0.2,
     train_adam_epsilon=1.0,
     mixed_precision="no",
     save_freq=10,
