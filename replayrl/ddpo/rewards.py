@@ -1,9 +1,9 @@
 """Image rewards for DDPO's built-in job and examples: ``reward(images, prompts, metadata) -> (rewards, metadata)``
 with ``images: (B, 3, H, W)`` in [0, 1] and ``rewards: (B,)``; and a PNG grid of sample images.
 
-Why the built-in job rewards the *centre's* brightness: the tiny random VAE decoder ends in GroupNorm, which pins
-each image's mean brightness (measured: std 0.002 across samples), while where the light falls varies (std 0.03),
-so a policy can move the centre's brightness but barely the whole image's.
+Why the built-in job rewards redness with a one-group VAE: the tiny random VAE decoder ends in GroupNorm; with one
+channel per group it pins each image's mean per colour (brightness std 0.002 across samples, redness 0.003), with one
+group for all channels the colour balance follows the latents (redness std ~0.02), so a policy can move it.
 """
 
 from __future__ import annotations

@@ -20,11 +20,23 @@ def test_builtin_job_writes_metrics_plot_sample_grids_and_weights(tmp_path, monk
     from PIL import Image
 
     grid = Image.open(run / "samples" / "epoch-1.png")
-    assert grid.size == (4 * 64 + 3 * 2, 64)  # 4 images of 16 px shown 4x, 2-px gaps
+    assert grid.size == (8 * 64 + 7 * 2, 64)  # 2 batches of 4 images of 16 px shown 4x, 2-px gaps
     assert (run / "final" / "model_index.json").is_file()  # the built-in job trains the full UNet
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     out = capsys.readouterr().out
     assert "reward_mean:" in out and "samples:" in out
+
+
+def test_builtin_job_is_sgd_with_momentum_on_redness():
+    from replayrl.cli.ddpo import BUILTIN_VAE_NORM_GROUPS, parse_args
+
+    args, config = parse_args(["--logdir", "run"])
+    assert args.reward == "redness" and BUILTIN_VAE_NORM_GROUPS == 1 and not args.use_lora and config.seed == 0
+    # Adam's epsilon far above the gradients (RMS ~1e-3): the step is lr / eps x the momentum-averaged gradient
+    assert config.train_adam_epsilon == 1.0 and config.train_learning_rate == 0.2
+    assert config.sample_batch_size * config.sample_num_batches_per_epoch == 32
+    assert config.train_batch_size * config.train_gradient_accumulation_steps == 32  # one optimizer step per epoch
+    assert parse_args(["--pretrained_model", "x", "--logdir", "run"])[1].train_adam_epsilon == 1e-8  # TRL's default
 
 
 @pytest.mark.parametrize(
