@@ -2,8 +2,9 @@
 
 What runs, per batch of preference pairs:
   1. the collator builds prompt + chosen and prompt + rejected rows (labels = completion tokens only);
-  2. ONE forward of the policy on chosen and rejected concatenated (2B rows), logits kept only from the
-     first completion position on; sequence log-probs = sums of the completion tokens' log-probs;
+  2. ONE forward of the policy on chosen and rejected together: one prefix-shared row per pair by default
+     (the prompt encoded once), else 2B rows (`replayrl.dpo.sequence_logps`), logits kept only from the first
+     completion position on; sequence log-probs = sums of the completion tokens' log-probs;
   3. the same for the reference (no grad): a frozen copy of the initial policy, the base model with the adapter
      disabled under PEFT, nothing at all with `precompute_ref_log_probs` (log-probs computed once before
      training and stored as dataset columns) or `reference_free` (taken as 0);
@@ -15,7 +16,6 @@ Metrics: rewards/chosen|rejected|accuracies|margins, logps/chosen|rejected, logi
 from __future__ import annotations
 
 import copy
-import inspect
 from collections import defaultdict
 from contextlib import contextmanager
 
@@ -25,14 +25,14 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
 
-from replayrl.algos.logprobs import log_probs_at, selective_log_softmax
-from replayrl.algos.preference import PairLogps, dpo_losses, implicit_rewards, wpo_token_terms, wpo_weights
+from replayrl.algos.preference import PairLogps, dpo_losses, implicit_rewards, wpo_weights
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.preference import DPODataCollator, dataset_kind, tokenize_dpo_row
-from replayrl.data.prefix_sharing import SIDES, SharedPrefixRows, completion_targets, share_prefixes
+from replayrl.data.prefix_sharing import SIDES, SharedPrefixRows, share_prefixes
 from replayrl.dpo.config import DPOConfig
+from replayrl.dpo.sequence_logps import packed_sums, padded_sums, shared_sums
 from replayrl.metrics.callback import attach_metrics_file
-from replayrl.models.attention import attention_mask_for, base_model, is_peft_model, mask_kind, sliding_window
+from replayrl.models.attention import base_model, is_peft_model, mask_kind, sliding_window
 from replayrl.models.loading import load_causal_lm
 from replayrl.models.reference import SyncRefModelCallback
 
@@ -275,33 +275,20 @@ class DPOTrainer(SafeCheckpointsMixin, Trainer):
     def _forward(self, model, batch: dict[str, Tensor], with_logits: bool = True) -> dict[str, Tensor]:
         """One forward on the 2B concatenated rows -> chosen/rejected `logps` and `lengths` (B,) each, and with
         `with_logits` the mean completion logits and (use_weighting) WPO log-weights."""
+        pad, wpo = self.args.label_pad_token_id, self.args.use_weighting
         rows = self._shared_rows(model, batch)
         if rows is not None:
-            sums = self._shared_sums(model, batch, rows, with_logits)
+            sums = shared_sums(model, batch, rows, pad, with_logits, wpo)
         else:
             c = self.concatenated_inputs(batch)
             ids, mask, labels = c["concatenated_input_ids"], c["concatenated_attention_mask"], c["concatenated_labels"]
-            if self.args.padding_free:
-                sums = self._packed_sums(model, ids, mask, labels, with_logits)
-            else:
-                sums = self._padded_sums(model, ids, mask, labels, with_logits)
+            layout = packed_sums if self.args.padding_free else padded_sums
+            sums = layout(model, ids, mask, labels, pad, with_logits, wpo)
         n = batch["chosen_input_ids"].shape[0]
         out = {}
         for key, value in sums.items():
             out[f"chosen_{key}"], out[f"rejected_{key}"] = value[:n], value[n:]
         return out
-
-    def _padded_sums(self, model, ids: Tensor, mask: Tensor, labels: Tensor, with_logits: bool) -> dict[str, Tensor]:
-        """Rows (R, L) as they are; only the logits from the first completion position on are computed."""
-        completion = labels != self.args.label_pad_token_id
-        # logits at position t predict token t + 1: keep them from the first completion token - 1 on
-        first = int(completion.float().argmax(1)[completion.any(1)].min()) if completion.any() else 1
-        start = max(first - 1, 0)
-        kwargs = {"logits_to_keep": ids.shape[1] - start} if _accepts_logits_to_keep(model) else {}
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False, **kwargs).logits
-        logits = logits[:, -(ids.shape[1] - start) :][:, :-1]
-        targets, target_mask = labels[:, start + 1 :], completion[:, start + 1 :]
-        return _token_sums(logits, targets, target_mask, None, ids.shape[0], with_logits, self.args.use_weighting)
 
     def _shared_rows(self, model, batch: dict[str, Tensor]) -> SharedPrefixRows | None:
         """The batch as prefix-shared rows, or None where that layout does not apply (see `prefix_sharing`)."""
@@ -313,56 +300,6 @@ class DPOTrainer(SafeCheckpointsMixin, Trainer):
         )
         window = sliding_window(base_model(model).config)
         return None if window is not None and rows.input_ids.shape[1] > window else rows
-
-    def _shared_sums(self, model, batch, rows: SharedPrefixRows, with_logits: bool) -> dict[str, Tensor]:
-        """Prefix-shared rows (R, L) -> per-sequence sums for the 2B sequences (chosen first), as `_padded_sums`.
-        Logits are computed from the first predicting column on."""
-        sides = {}
-        for side in SIDES:
-            completion = batch[f"{side}_labels"] != self.args.label_pad_token_id
-            starts = torch.where(completion.any(1), completion.int().argmax(1), rows.lengths[side])
-            sides[side] = completion_targets(rows, side, batch[f"{side}_input_ids"], starts)
-        real = [sources[mask] for _, sources, mask in sides.values()]
-        start = min((int(r.min()) for r in real if len(r)), default=0)
-        width = rows.input_ids.shape[1]
-        kwargs = {"logits_to_keep": width - start} if _accepts_logits_to_keep(model) else {}
-        mask = attention_mask_for(model, rows.attention_allowed())
-        logits = model(
-            input_ids=rows.input_ids, attention_mask=mask, position_ids=rows.position_ids, use_cache=False, **kwargs
-        ).logits
-        logits = logits[:, -(width - start) :]
-        position_terms = _position_terms(logits, with_logits, self.args.use_weighting)
-        parts: dict[str, list[Tensor]] = defaultdict(list)
-        for targets, sources, mask_t in sides.values():
-            src = (sources - start).clamp(min=0)
-            logps = log_probs_at(logits, src, targets, rows.row_of_pair) * mask_t
-            parts["logps"].append(logps.sum(1))
-            count = mask_t.sum(1)
-            parts["lengths"].append(count)
-            for key, per_position in position_terms.items():  # mean over the completion of a per-position term
-                values = per_position[rows.row_of_pair[:, None], src] + (logps.detach() if key == "wpo" else 0)
-                parts[key].append((values * mask_t).sum(1) / count.clamp(min=1))
-        return {key: torch.cat(values) for key, values in parts.items()}
-
-    def _packed_sums(self, model, ids: Tensor, mask: Tensor, labels: Tensor, with_logits: bool) -> dict[str, Tensor]:
-        """Padding-free: the R rows' real tokens packed into one row, kept apart by position ids restarting at 0
-        and (except under FlashAttention, which reads the position ids) a block-diagonal causal mask: position
-        ids alone do not isolate sequences under sdpa/eager (../shared/notes/trainer-family.md)."""
-        keep = mask.bool()
-        lengths = keep.sum(1)
-        flat_ids, flat_labels = ids[keep], labels[keep].clone()
-        seg = torch.repeat_interleave(torch.arange(len(lengths), device=ids.device), lengths)
-        starts = torch.cumsum(lengths, 0) - lengths
-        flat_labels[starts] = self.args.label_pad_token_id  # never a target of the previous sequence's last token
-        position_ids = (torch.arange(len(flat_ids), device=ids.device) - starts[seg]).unsqueeze(0)
-        kwargs = {"position_ids": position_ids}
-        if mask_kind(model) is not None:
-            allowed = (seg[:, None] == seg[None, :]) & torch.ones(len(seg), len(seg), dtype=torch.bool).tril()
-            kwargs["attention_mask"] = attention_mask_for(model, allowed.to(ids.device)[None, None])
-        logits = model(input_ids=flat_ids.unsqueeze(0), use_cache=False, **kwargs).logits[:, :-1]
-        targets = flat_labels[1:].unsqueeze(0)
-        target_mask = targets != self.args.label_pad_token_id
-        return _token_sums(logits, targets, target_mask, seg[1:], len(lengths), with_logits, self.args.use_weighting)
 
     # ----------------------------------------------------------------------------------------- loss
     def dpo_loss(
@@ -478,48 +415,3 @@ class DPOTrainer(SafeCheckpointsMixin, Trainer):
         logs.update({prefix + k: sum(v) / len(v) for k, v in self._metrics[mode].items() if v})
         self._metrics[mode].clear()
         super().log(logs, start_time)
-
-
-def _position_terms(logits: Tensor, with_logits: bool, with_wpo: bool) -> dict[str, Tensor]:
-    """Per-position metric terms (B, L), no grad: the mean logit, and WPO's -log sum_v p(v)^2."""
-    if not with_logits:
-        return {}
-    with torch.no_grad():
-        terms = {"logits": torch.stack([row.float().mean(-1) for row in logits])}
-        if with_wpo:
-            terms["wpo"] = torch.stack([-torch.logsumexp(2 * torch.log_softmax(r.float(), -1), -1) for r in logits])
-    return terms
-
-
-def _accepts_logits_to_keep(model) -> bool:
-    return "logits_to_keep" in inspect.signature(base_model(model).forward).parameters
-
-
-def _token_sums(
-    logits: Tensor,
-    targets: Tensor,
-    target_mask: Tensor,
-    segments: Tensor | None,
-    num_rows: int,
-    with_logits: bool,
-    with_wpo: bool,
-) -> dict[str, Tensor]:
-    """Per-sequence sums over completion tokens. logits (R', T, V) aligned with targets/target_mask (R', T);
-    `segments` (T,) maps the tokens of a packed row (R' = 1) to their sequence, None when R' == num_rows.
-    Returns logps, lengths (and logits = mean logit, wpo = WPO log-weight), each (num_rows,)."""
-
-    def per_row(values: Tensor) -> Tensor:
-        values = values * target_mask
-        if segments is None:
-            return values.sum(1)
-        return torch.zeros(num_rows, dtype=values.dtype, device=values.device).index_add(0, segments, values[0])
-
-    out = {"logps": per_row(selective_log_softmax(logits, targets.clamp(min=0)))}
-    out["lengths"] = per_row(torch.ones_like(targets, dtype=out["logps"].dtype)).round().long()
-    if with_logits:
-        with torch.no_grad():
-            count = out["lengths"].clamp(min=1)
-            out["logits"] = per_row(logits.detach().float().mean(-1)) / count
-            if with_wpo:
-                out["wpo"] = per_row(wpo_token_terms(logits.detach(), targets.clamp(min=0))) / count
-    return out
