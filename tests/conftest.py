@@ -1,6 +1,9 @@
 """Shared fixtures: a tiny local Qwen2 model + tokenizer and small prompt sets. Nothing touches a hub."""
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -58,3 +61,15 @@ def tiny_args(cls, tmp_path, **overrides):
     )
     kwargs.update(overrides)
     return cls(**kwargs)
+
+
+def launch_two_processes(worker: Path, out: Path, port: int, *args: str) -> dict:
+    """`accelerate launch --num_processes 2 worker out *args` on CPU (gloo); the worker saves `out/result.pt`
+    from its main process, which is returned."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1"]
+    cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", "--multi_gpu", "--main_process_port", str(port)]
+    proc = subprocess.run([*cmd, str(worker), str(out), *args], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return torch.load(out / "result.pt", weights_only=False)

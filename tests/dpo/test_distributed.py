@@ -1,14 +1,12 @@
 """Two CPU processes under `accelerate launch` (gloo) give the same precomputed reference log-probs, loss and
 update as one process on the same global batch."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.conftest import launch_two_processes
 from tests.dpo.distributed_worker import result, run
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
@@ -16,14 +14,7 @@ WORKER = Path(__file__).with_name("distributed_worker.py")
 
 @pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path):
-    out = tmp_path / "ddp"
-    out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(WORKER.parents[2])}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1"]
-    cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", "--multi_gpu", "--main_process_port", "29523"]
-    proc = subprocess.run([*cmd, str(WORKER), str(out)], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    two = torch.load(out / "result.pt", weights_only=False)
+    two = launch_two_processes(WORKER, tmp_path / "ddp", 29523)
     one = result(run(str(tmp_path / "single"), per_device_batch=8))
     assert two["world"] == 2 and one["world"] == 1
     assert two["ref_chosen_logps"] == pytest.approx(one["ref_chosen_logps"], abs=1e-5)  # gathered in order

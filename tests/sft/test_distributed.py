@@ -1,15 +1,13 @@
 """Two CPU processes under `accelerate launch` (gloo) give the same loss and update as one process on the same
 global batch: the loss is normalised by the trained tokens of the whole batch across processes."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from replayrl.models.tiny import build_tokenizer
+from tests.conftest import launch_two_processes
 from tests.sft.helpers import varied_dataset
 from tests.sft.test_trainer import one_step
 
@@ -17,13 +15,7 @@ WORKER = Path(__file__).with_name("distributed_worker.py")
 
 
 def launch(out: Path, mode: str) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(WORKER.parent.parent.parent)}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1"]
-    cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", "--multi_gpu", "--main_process_port", "29533"]
-    proc = subprocess.run([*cmd, str(WORKER), str(out), mode], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return torch.load(out / "result.pt", weights_only=False)
+    return launch_two_processes(WORKER, out, 29533, mode)
 
 
 @pytest.mark.slow
