@@ -74,6 +74,7 @@ def main() -> None:
     parser.add_argument("--model-seed", type=int, default=None, help="tiny model weights (default: the job's)")
     parser.add_argument("--vae-norm-groups", type=int, default=None, help="tiny VAE GroupNorm groups (1, 2, 4, 8)")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
+    parser.add_argument("--no-control", action="store_true", help="skip the lr-0 control (quick screening)")
     args, extra = parser.parse_known_args()  # anything else is passed to `replayrl ddpo`
     results = []
     model = dict(model_seed=args.model_seed, vae_norm_groups=args.vae_norm_groups)
@@ -81,16 +82,25 @@ def main() -> None:
         start = time.perf_counter()
         trained = run_job(seed, extra, control=False, **model)
         seconds = time.perf_counter() - start
+        rewards = trained["reward_mean"]
+        dip = min(r - rewards[0] for r in rewards)
+        if args.no_control:
+            print(f"seed {seed}: {rewards[0]:.4f} -> {rewards[-1]:.4f}, dip {dip:+.4f} ({seconds:.0f} s)", flush=True)
+            print(_row("trained", rewards), flush=True)
+            continue
         control = run_job(seed, extra, control=True, **model)
         result = {"seed": seed, "trained": trained, "control": control, "seconds_trained": seconds}
         result["verdict"] = verdict(result)
+        result["verdict"]["dip"] = dip
         results.append(result)
         v = result["verdict"]
         print(
             f"seed {seed}: {v['first']:.4f} -> {v['last']:.4f}, gap to control {v['gap_last']:+.4f}, "
-            f"per-epoch noise {v['noise']:.4f}, rose: {v['rose']} ({seconds:.0f} s)",
+            f"per-epoch noise {v['noise']:.4f}, dip {dip:+.4f}, rose: {v['rose']} ({seconds:.0f} s)",
             flush=True,
         )
+    if args.no_control:
+        return
     epochs = len(results[0]["trained"]["reward_mean"])
     median = [statistics.median(r["trained"]["reward_mean"][e] for r in results) for e in range(epochs)]
     gaps = [
