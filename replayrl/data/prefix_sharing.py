@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from replayrl.models.attention import base_model, mask_kind, sliding_window
+
 PREFIX, CHOSEN, REJECTED, PADDING = 0, 1, 2, 3
 SIDES = ("chosen", "rejected")
 
@@ -87,6 +89,22 @@ def share_prefixes(chosen: Tensor, chosen_mask: Tensor, rejected: Tensor, reject
         a, b = chosen[i, : int(chosen_mask[i].sum())], rejected[i, : int(rejected_mask[i].sum())]
         pairs.append((a, b, _common_prefix(a, b)))
     return _layout(pairs, pad_token_id)
+
+
+def share_prefixes_for(
+    model, chosen: Tensor, chosen_mask: Tensor, rejected: Tensor, rejected_mask: Tensor, pad_token_id: int
+) -> SharedPrefixRows | None:
+    """`share_prefixes`, or None where `model` cannot be given the layout: its attention reads no 4D mask
+    (FlashAttention, flex), a mask is not right-padded, or a sliding window is narrower than the rows."""
+    right_padded = all(
+        torch.equal(m.bool(), torch.arange(m.shape[1], device=m.device) < m.sum(1, keepdim=True))
+        for m in (chosen_mask, rejected_mask)
+    )
+    if mask_kind(model) is None or not right_padded:
+        return None
+    rows = share_prefixes(chosen, chosen_mask, rejected, rejected_mask, pad_token_id)
+    window = sliding_window(base_model(model).config)
+    return None if window is not None and rows.input_ids.shape[1] > window else rows
 
 
 def _layout(pairs: list[tuple[Tensor, Tensor, int]], pad_token_id: int) -> SharedPrefixRows:

@@ -28,11 +28,11 @@ from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallbac
 from replayrl.algos.preference import PairLogps, dpo_losses, implicit_rewards, wpo_weights
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.preference import DPODataCollator, dataset_kind, tokenize_dpo_row
-from replayrl.data.prefix_sharing import SIDES, SharedPrefixRows, share_prefixes
+from replayrl.data.prefix_sharing import SIDES, SharedPrefixRows, share_prefixes_for
 from replayrl.dpo.config import DPOConfig
 from replayrl.dpo.sequence_logps import packed_sums, padded_sums, shared_sums
 from replayrl.metrics.callback import attach_metrics_file
-from replayrl.models.attention import base_model, is_peft_model, mask_kind, sliding_window
+from replayrl.models.attention import is_peft_model
 from replayrl.models.loading import load_causal_lm
 from replayrl.models.reference import SyncRefModelCallback
 
@@ -292,14 +292,11 @@ class DPOTrainer(SafeCheckpointsMixin, Trainer):
 
     def _shared_rows(self, model, batch: dict[str, Tensor]) -> SharedPrefixRows | None:
         """The batch as prefix-shared rows, or None where that layout does not apply (see `prefix_sharing`)."""
-        if not self.args.prefix_sharing or self.args.padding_free or mask_kind(model) is None:
+        if not self.args.prefix_sharing or self.args.padding_free:
             return None
         pad_id = getattr(self.data_collator, "pad_token_id", None) or 0
-        rows = share_prefixes(
-            *(batch[f"{side}_{k}"] for side in SIDES for k in ("input_ids", "attention_mask")), pad_id
-        )
-        window = sliding_window(base_model(model).config)
-        return None if window is not None and rows.input_ids.shape[1] > window else rows
+        parts = (batch[f"{side}_{key}"] for side in SIDES for key in ("input_ids", "attention_mask"))
+        return share_prefixes_for(model, *parts, pad_id)
 
     # ----------------------------------------------------------------------------------------- loss
     def dpo_loss(

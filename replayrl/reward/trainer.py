@@ -29,9 +29,9 @@ from transformers import (
 from replayrl.algos.preference import bradley_terry_loss, pairwise_accuracy
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.preference import RewardDataCollatorWithPadding, dataset_kind, tokenize_reward_row
-from replayrl.data.prefix_sharing import SIDES, SharedPrefixRows, share_prefixes
+from replayrl.data.prefix_sharing import SIDES, SharedPrefixRows, share_prefixes_for
 from replayrl.metrics.callback import attach_metrics_file
-from replayrl.models.attention import attention_mask_for, base_model, mask_kind, sliding_window
+from replayrl.models.attention import attention_mask_for, base_model
 from replayrl.reward.config import RewardConfig
 
 logger = logging.getLogger(__name__)
@@ -183,8 +183,9 @@ class RewardTrainer(SafeCheckpointsMixin, Trainer):
     def rewards(self, model, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """One forward on chosen and rejected together -> rewards (B,), (B,): one prefix-shared row per pair
         where it applies (`prefix_sharing`), else chosen and rejected rows concatenated."""
-        rows, head = self._shared_rows(model, batch), _score_head(model)
-        if rows is not None and head is not None:
+        head = _score_head(model) if self.args.prefix_sharing else None
+        rows = None if head is None else self._shared_rows(model, batch)
+        if rows is not None:
             return self._shared_rewards(model, head, rows, batch)
         width = max(batch["input_ids_chosen"].shape[1], batch["input_ids_rejected"].shape[1])
 
@@ -198,16 +199,8 @@ class RewardTrainer(SafeCheckpointsMixin, Trainer):
         return scores[:n], scores[n:]
 
     def _shared_rows(self, model, batch: dict[str, Tensor]) -> SharedPrefixRows | None:
-        masks = [batch[f"attention_mask_{side}"] for side in SIDES]
-        right_padded = all(
-            torch.equal(m.bool(), torch.arange(m.shape[1], device=m.device) < m.sum(1, keepdim=True)) for m in masks
-        )
-        if not self.args.prefix_sharing or mask_kind(model) is None or not right_padded:
-            return None
-        ids = [batch[f"input_ids_{side}"] for side in SIDES]
-        rows = share_prefixes(ids[0], masks[0], ids[1], masks[1], self.pad_token_id)
-        window = sliding_window(base_model(model).config)
-        return None if window is not None and rows.input_ids.shape[1] > window else rows
+        parts = (batch[f"{key}_{side}"] for side in SIDES for key in ("input_ids", "attention_mask"))
+        return share_prefixes_for(model, *parts, self.pad_token_id)
 
     def _shared_rewards(self, model, head: nn.Module, rows: SharedPrefixRows, batch) -> tuple[Tensor, Tensor]:
         """The head's outputs at every column of the shared rows (caught from inside the model's own forward, so
