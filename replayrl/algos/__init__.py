@@ -9,7 +9,14 @@ from replayrl.algos.advantages import (
 )
 from replayrl.algos.entropy import adaptive_entropy_coef, applied_entropy_coef, entropy_threshold, high_entropy_mask
 from replayrl.algos.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
-from replayrl.algos.logprobs import entropy_from_logits, selective_log_softmax, token_logps_and_entropy
+from replayrl.algos.logprobs import (
+    TokenStats,
+    chunked_token_stats,
+    entropy_from_logits,
+    linear_cross_entropy,
+    selective_log_softmax,
+    token_logps_and_entropy,
+)
 from replayrl.algos.losses import (
     GLOBAL_TOKEN_MEAN_LOSSES,
     LossType,
@@ -49,6 +56,9 @@ __all__ = [
     "applied_entropy_coef",
     "clipped_surrogate",
     "entropy_from_logits",
+    "chunked_token_stats",
+    "linear_cross_entropy",
+    "TokenStats",
     "entropy_threshold",
     "group_advantages",
     "group_rewards_view",

@@ -1,66 +1,252 @@
-"""Token log-probs and entropies from logits without materialising a full ``(B, T, V)`` log-prob tensor.
+"""Token log-probs, entropies and argmax predictions over a large vocabulary, chunk by chunk.
 
-With vocabularies of ~150k entries the log-softmax of a whole batch is often the largest tensor of the step, so
-everything here works row by row (or chunk by chunk).
+With vocabularies of ~150k entries the logits of a batch are the largest tensors of a step: 8k tokens x 152k x 4
+bytes is 5 GB in float32, and a plain ``log_softmax(logits).gather(...)`` keeps several such copies alive for the
+backward pass. Everything here works on ``chunk_size`` positions (rows) at a time:
+
+- `chunked_token_stats` is the one entry point. Its ``source`` is either the logits ``(..., V)`` or, with
+  ``weight`` (the lm_head's ``(V, H)``, plus an optional ``bias``), the hidden states ``(..., H)`` before the
+  lm_head: a fused linear + log-softmax that never forms more than one chunk of logits. Per position it returns the
+  log-prob of the target token, optionally the entropy of the distribution and the argmax prediction, all float32.
+  Its backward (`_VocabChunks`, a custom autograd function) recomputes each chunk's logits instead of saving them,
+  so the graph holds only ``source`` itself (which the model keeps anyway).
+- `linear_cross_entropy`: the SFT cross-entropy from hidden states through the same path.
+- `selective_log_softmax`, `entropy_from_logits`, `token_logps_and_entropy`, `log_probs_at`: the older
+  logits-based helpers, now thin wrappers over the chunked path.
+
+Each chunk's logits are upcast to float32 before the softmax (as TRL does for its loss), so bf16 models get
+float32 log-probs; in float32 the numbers equal the plain ``log_softmax`` ones (tests/algos/test_logprobs.py).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+# Bytes of float32 logits one chunk may hold (its softmax and gradient take about as much again, twice).
+DEFAULT_CHUNK_BYTES = 64 * 2**20
 
-def selective_log_softmax(logits: Tensor, index: Tensor) -> Tensor:
-    """``log_softmax(logits).gather(-1, index)``. ``logits: (B, T, V)``, ``index: (B, T)`` -> ``(B, T)``.
 
-    float32/float64 use ``gathered logit - logsumexp`` one row at a time; bf16/fp16 lose too much precision in that
-    subtraction, so they take a per-row ``log_softmax`` instead (same trick as TRL).
+class TokenStats(NamedTuple):
+    """Per-position results of `chunked_token_stats`, each shaped like its ``targets``.
+
+    ``logps``: float32 log-prob of the target token (0 where not computed); ``entropy``: float32 entropy in nats
+    (None unless asked for); ``predicted``: argmax token id (-1 where not computed), no gradient.
     """
-    if logits.dtype in (torch.float32, torch.float64):
-        selected = logits.gather(-1, index.unsqueeze(-1)).squeeze(-1)
-        logsumexp = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])
-        return selected - logsumexp
-    rows = [
-        F.log_softmax(row_logits, dim=-1).gather(-1, row_index.unsqueeze(-1)).squeeze(-1)
-        for row_logits, row_index in zip(logits, index)
-    ]
-    return torch.stack(rows)
+
+    logps: Tensor
+    entropy: Tensor | None
+    predicted: Tensor
 
 
-def entropy_from_logits(logits: Tensor, chunk_size: int = 128) -> Tensor:
-    """Exact entropy of ``softmax(logits)``. ``logits: (B, T, V)`` -> ``(B, T)``.
+def default_chunk_size(vocab_size: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+    """Positions per chunk so that one chunk of float32 logits takes at most ``chunk_bytes``."""
+    return max(1, chunk_bytes // (4 * max(vocab_size, 1)))
+
+
+def _chunk_logits(source: Tensor, weight: Tensor | None, bias: Tensor | None, index, sl: slice, temperature: float):
+    """float32 logits (c, V) of the chunk ``sl`` of the selected positions."""
+    rows = source[tuple(i[sl] for i in index)]  # (c, D): a copy of this chunk only
+    logits = rows if weight is None else F.linear(rows, weight, bias)
+    logits = logits.to(_compute_dtype(source))
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def _compute_dtype(source: Tensor) -> torch.dtype:
+    """float32, or float64 for float64 inputs (the reference tests)."""
+    return torch.float64 if source.dtype == torch.float64 else torch.float32
+
+
+def _plogp(logp: Tensor) -> Tensor:
+    """``p * log p`` with its limit 0 where ``log p`` is -inf (masked logits)."""
+    return torch.where(logp > -torch.inf, logp.exp() * logp, 0)
+
+
+class _VocabChunks(torch.autograd.Function):
+    """Log-probs (and entropies, argmax) at N selected positions, computed and differentiated chunk by chunk.
+
+    ``source``: logits ``(..., V)`` (``weight`` None) or hidden states ``(..., H)`` with ``weight (V, H)`` and
+    ``bias (V,)`` or None; ``index``: a tuple of ``source.ndim - 1`` long tensors ``(N,)`` picking the positions;
+    ``targets (N,)``. Returns ``logps (N,)``, ``entropy (N,)`` (empty when not asked for) and ``predicted (N,)``.
+    Only ``source``, ``weight`` and the indices are saved; backward recomputes each chunk's logits.
+    """
+
+    @staticmethod
+    def forward(ctx, source, weight, bias, index, targets, temperature, chunk, with_entropy, entropy_grad):
+        n = targets.shape[0]
+        device = source.device
+        dtype = _compute_dtype(source)
+        logps = torch.empty(n, dtype=dtype, device=device)
+        entropy = torch.empty(n if with_entropy else 0, dtype=dtype, device=device)
+        predicted = torch.empty(n, dtype=torch.long, device=device)
+        for start in range(0, n, chunk):
+            sl = slice(start, start + chunk)
+            logp = _chunk_logits(source, weight, bias, index, sl, temperature)
+            predicted[sl] = logp.argmax(-1)
+            logp -= torch.logsumexp(logp, -1, keepdim=True)
+            logps[sl] = logp.gather(-1, targets[sl, None]).squeeze(-1)
+            if with_entropy:
+                entropy[sl] = -_plogp(logp).sum(-1)
+        ctx.save_for_backward(source, weight, bias, targets, *index)
+        ctx.settings = (temperature, chunk, entropy_grad and with_entropy)
+        ctx.mark_non_differentiable(predicted)
+        if not (entropy_grad and with_entropy):
+            ctx.mark_non_differentiable(entropy)
+        return logps, entropy, predicted
+
+    @staticmethod
+    def backward(ctx, grad_logps, grad_entropy, _grad_predicted):
+        source, weight, bias, targets, *index = ctx.saved_tensors
+        temperature, chunk, entropy_grad = ctx.settings
+        need_source, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_source = torch.zeros_like(source) if need_source else None
+        grad_weight = torch.zeros_like(weight) if weight is not None and need_weight else None
+        grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_bias else None
+        for start in range(0, targets.shape[0], chunk):
+            sl = slice(start, start + chunk)
+            logp = _chunk_logits(source, weight, bias, index, sl, temperature)
+            logp -= torch.logsumexp(logp, -1, keepdim=True)
+            g = _chunk_grad(logp, targets[sl], grad_logps[sl], grad_entropy[sl] if entropy_grad else None)
+            if temperature != 1.0:
+                g /= temperature
+            rows = tuple(i[sl] for i in index)
+            if weight is None:
+                if need_source:
+                    grad_source.index_put_(rows, g.to(source.dtype), accumulate=True)
+                continue
+            g = g.to(weight.dtype)
+            if need_source:
+                grad_source.index_put_(rows, g @ weight, accumulate=True)
+            if need_weight:
+                grad_weight.addmm_(g.T, source[rows].to(weight.dtype))
+            if need_bias:
+                grad_bias += g.float().sum(0)
+        if grad_bias is not None:
+            grad_bias = grad_bias.to(bias.dtype)
+        return grad_source, grad_weight, grad_bias, None, None, None, None, None, None
+
+
+def _chunk_grad(logp: Tensor, targets: Tensor, grad_logps: Tensor, grad_entropy: Tensor | None) -> Tensor:
+    """d(loss)/d(logits) of one chunk, float32 (c, V), from the log-softmax ``logp`` (c, V) (overwritten).
+
+    ``d log p_y / d z = onehot(y) - p``; ``d H / d z = -p * (log p + H)`` with ``H = -sum p log p``.
+    """
+    if grad_entropy is not None:
+        plogp = _plogp(logp)
+        ent = -plogp.sum(-1, keepdim=True)
+        entropy_part = (plogp + logp.exp() * ent) * -grad_entropy[:, None]
+    p = logp.exp_()
+    g = p.mul_(-grad_logps[:, None])
+    g.scatter_add_(-1, targets[:, None], grad_logps[:, None].to(g.dtype))
+    if grad_entropy is not None:
+        g += entropy_part
+    return g
+
+
+def chunked_token_stats(
+    source: Tensor,
+    targets: Tensor,
+    *,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    mask: Tensor | None = None,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    chunk_size: int | None = None,
+) -> TokenStats:
+    """Log-prob of each target token under ``softmax(logits / temperature)``, without a full-vocabulary copy.
+
+    ``source``: the logits ``(*S, V)``, or with ``weight`` the hidden states ``(*S, H)`` that the lm_head
+    (``weight (V, H)``, ``bias (V,)`` or None) maps to them; ``targets``: long ``(*S)``; ``mask``: bool ``(*S)``,
+    the positions to compute (None: all). Returns `TokenStats` shaped ``(*S)``; ``logps`` (and with
+    ``entropy_grad`` the entropy) carry gradients to ``source``, ``weight`` and ``bias``. ``chunk_size``: positions
+    per chunk (default: `default_chunk_size`). ``with_entropy`` without ``entropy_grad`` is a metric (no gradient).
+    """
+    if targets.shape != source.shape[:-1]:
+        raise ValueError(f"targets {tuple(targets.shape)} must match source {tuple(source.shape)} without its last dim")
+    vocab = source.shape[-1] if weight is None else weight.shape[0]
+    chunk = chunk_size or default_chunk_size(vocab)
+    if mask is None:
+        mask = torch.ones(targets.shape, dtype=torch.bool, device=targets.device)
+    index = mask.nonzero(as_tuple=True)
+    logps, entropy, predicted = _VocabChunks.apply(
+        source, weight, bias, index, targets[index], temperature, chunk, with_entropy, entropy_grad
+    )
+    return TokenStats(
+        _scatter(logps, index, targets.shape, 0.0),
+        _scatter(entropy, index, targets.shape, 0.0) if with_entropy else None,
+        _scatter(predicted, index, targets.shape, -1),
+    )
+
+
+def _scatter(values: Tensor, index: tuple[Tensor, ...], shape: torch.Size, fill: float) -> Tensor:
+    """``values (N,)`` placed at ``index`` in a tensor of ``shape`` filled with ``fill`` (differentiable)."""
+    if len(index) == 1 and values.shape[0] == shape[0]:  # every position of a 1-D shape
+        return values
+    out = torch.full(shape, fill, dtype=values.dtype, device=values.device)
+    return out.index_put(index, values)
+
+
+def linear_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    bias: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+) -> Tensor:
+    """``F.cross_entropy(F.linear(hidden, weight, bias).float(), labels)`` without forming the logits.
+
+    ``hidden (*S, H)``, ``weight (V, H)``, ``labels (*S)`` already aligned (no shift), ``ignore_index`` positions
+    skipped. ``reduction``: "mean" (over non-ignored positions; 0 when there are none), "sum" or "none" (``(*S)``).
+    """
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction={reduction!r}: expected 'mean', 'sum' or 'none'.")
+    mask = labels != ignore_index
+    stats = chunked_token_stats(hidden, labels.clamp(min=0), weight=weight, bias=bias, mask=mask, chunk_size=chunk_size)
+    losses = -stats.logps
+    if reduction == "none":
+        return losses
+    total = losses.sum()
+    return total if reduction == "sum" else total / mask.sum().clamp(min=1)
+
+
+# ------------------------------------------------------------------------------------ logits-based helpers
+def selective_log_softmax(logits: Tensor, index: Tensor) -> Tensor:
+    """``log_softmax(logits).gather(-1, index)`` in the dtype of ``logits``. ``logits: (B, T, V)``, ``index: (B, T)``
+    -> ``(B, T)``. Computed chunk by chunk in float32 (`chunked_token_stats`)."""
+    return chunked_token_stats(logits, index).logps.to(logits.dtype)
+
+
+def entropy_from_logits(logits: Tensor, chunk_size: int | None = None) -> Tensor:
+    """Exact entropy of ``softmax(logits)``, float32. ``logits: (B, T, V)`` -> ``(B, T)``, no gradient.
 
     Computed over ``chunk_size`` flattened positions at a time to bound memory.
     """
-    flat = logits.reshape(-1, logits.shape[-1])
-    chunks = []
-    for chunk in flat.split(chunk_size, dim=0):
-        logps = F.log_softmax(chunk, dim=-1)
-        # p * log p is 0 * -inf = NaN for masked (-inf) logits; its limit is 0.
-        plogp = torch.where(logps > -torch.inf, logps.exp() * logps, 0)
-        chunks.append(-plogp.sum(-1))
-    return torch.cat(chunks).reshape(logits.shape[:-1])
+    with torch.no_grad():
+        targets = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
+        stats = chunked_token_stats(logits.detach(), targets, with_entropy=True, chunk_size=chunk_size)
+    return stats.entropy
 
 
 def token_logps_and_entropy(
     logits: Tensor, index: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool = False
 ) -> tuple[Tensor, Tensor | None]:
-    """Log-probs of ``index`` (and optionally entropies) under ``softmax(logits / temperature)``.
+    """float32 log-probs of ``index`` (and optionally entropies) under ``softmax(logits / temperature)``.
 
     ``logits: (B, T, V)``, ``index: (B, T)`` -> ``(logps (B, T), entropy (B, T) or None)``. Dividing by the sampling
     temperature makes the log-probs those of the distribution the completions were actually sampled from (as TRL).
     ``entropy_grad``: keep the entropy in the autograd graph (for an entropy bonus in the loss).
     """
-    if temperature != 1.0:
-        logits = logits / temperature
-    logps = selective_log_softmax(logits, index)
-    if not with_entropy:
-        return logps, None
-    if entropy_grad:
-        return logps, entropy_from_logits(logits)
-    with torch.no_grad():  # a logged metric: without this, backward keeps ~4x the logits alive for nothing
-        return logps, entropy_from_logits(logits.detach())
+    stats = chunked_token_stats(
+        logits, index, temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+    )
+    return stats.logps, stats.entropy
 
 
 def log_probs_at(logits: Tensor, sources: Tensor, targets: Tensor, rows: Tensor | None = None) -> Tensor:
@@ -68,10 +254,12 @@ def log_probs_at(logits: Tensor, sources: Tensor, targets: Tensor, rows: Tensor 
     positions are not simply "the previous one" (e.g. prefix-shared rows, `replayrl.data.prefix_sharing`).
 
     ``logits: (R, L, V)``, ``sources, targets: (B, T)``, ``rows: (B,)`` the logits row of each index row (None:
-    ``R == B``, row b) -> float32 ``(B, T)``. A logsumexp per position, row by row in float32, and one gathered
-    logit per token: no ``(B, T, V)`` copy of the logits is made.
+    ``R == B``, row b) -> float32 ``(B, T)``. Chunk by chunk: no ``(B, T, V)`` copy of the logits is made, and a
+    position predicting several tokens gets the sum of their gradients.
     """
     if rows is None:
         rows = torch.arange(logits.shape[0], device=logits.device)
-    logsumexp = torch.stack([torch.logsumexp(row.float(), dim=-1) for row in logits])  # (R, L)
-    return logits[rows[:, None], sources, targets].float() - logsumexp[rows[:, None], sources]
+    index = (rows[:, None].expand_as(sources).reshape(-1), sources.reshape(-1))
+    chunk = default_chunk_size(logits.shape[-1])
+    logps, _, _ = _VocabChunks.apply(logits, None, None, index, targets.reshape(-1), 1.0, chunk, False, False)
+    return logps.reshape(sources.shape)

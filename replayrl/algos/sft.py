@@ -17,6 +17,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from replayrl.algos.logprobs import TokenStats, chunked_token_stats
+
 SFTLossType = Literal["nll", "dft"]
 SFT_LOSS_TYPES = ("nll", "dft")
 
@@ -57,21 +59,25 @@ def token_sum_loss(per_token: Tensor, mask: Tensor, num_items: Tensor | int | fl
 
 
 def trained_token_stats(
-    logits: Tensor, labels: Tensor, mask: Tensor, chunk_size: int = 1024
+    logits: Tensor, labels: Tensor, mask: Tensor, chunk_size: int | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(correct, entropy_sum, count) over the trained tokens, without autograd.
 
     `logits: (B, T, V)` already aligned with `labels: (B, T)`; `mask: (B, T)` bool. `correct`: trained tokens whose
     argmax prediction is the label; `entropy_sum`: summed entropy (nats) of the predicted distributions; `count`:
-    trained tokens. Works `chunk_size` trained positions at a time, so no (N, V) copy of the logits is made.
+    trained tokens. Chunk by chunk (`chunked_token_stats`), so no (N, V) copy of the logits is made.
     """
     with torch.no_grad():
-        rows, cols = mask.nonzero(as_tuple=True)
-        correct = torch.zeros((), dtype=torch.long, device=logits.device)
-        entropy = torch.zeros((), dtype=torch.float32, device=logits.device)
-        for r, c in zip(rows.split(chunk_size), cols.split(chunk_size)):
-            chunk = logits[r, c].float()  # (n, V)
-            correct += (chunk.argmax(-1) == labels[r, c]).sum()
-            logps = torch.log_softmax(chunk, dim=-1)
-            entropy += -torch.where(logps > -torch.inf, logps.exp() * logps, 0).sum()
-        return correct, entropy, rows.new_tensor(len(rows))
+        stats = chunked_token_stats(
+            logits.detach(), labels.clamp(min=0), mask=mask, with_entropy=True, chunk_size=chunk_size
+        )
+        return token_stats_sums(stats, labels, mask)
+
+
+def token_stats_sums(stats: TokenStats, labels: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(correct, entropy_sum, count) of `chunked_token_stats` results over the positions of `mask`. `labels, mask:
+    (B, T)`. `correct`: long, `entropy_sum`: float32, `count`: long."""
+    with torch.no_grad():
+        correct = ((stats.predicted == labels) & mask).sum()
+        entropy = (stats.entropy.float() * mask).sum()
+        return correct, entropy, mask.sum()

@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
 
-from replayrl.algos.logprobs import selective_log_softmax
-from replayrl.algos.sft import sft_token_loss, token_sum_loss, trained_token_stats
+from replayrl.algos.logprobs import TokenStats
+from replayrl.algos.sft import sft_token_loss, token_stats_sums, token_sum_loss
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.collators import IGNORE_INDEX, SFTDataCollator
 from replayrl.data.formats import check_sft_format, dataset_format
@@ -35,6 +35,7 @@ from replayrl.data.sft import (
     resolve_eos_token_id,
 )
 from replayrl.metrics.callback import attach_metrics_file
+from replayrl.models.lm_head import forward_to_head
 from replayrl.models.loading import load_causal_lm
 from replayrl.sft.config import SFTConfig
 
@@ -219,33 +220,39 @@ class SFTTrainer(SafeCheckpointsMixin, Trainer):
         return count
 
     def compute_loss(self, model, inputs: dict, return_outputs: bool = False, num_items_in_batch=None):
-        """Token-sum loss over labels != -100 divided by `num_items_in_batch` (else this micro-batch's count)."""
+        """Token-sum loss over labels != -100 divided by `num_items_in_batch` (else this micro-batch's count).
+
+        The lm_head is applied chunk by chunk to the trained positions only, together with the metrics
+        (`replayrl.models.lm_head`): no full-vocabulary logits are formed. A user `compute_loss_func`, or eval with
+        `compute_metrics`, gets the model's real logits instead."""
         mode = "train" if self.model.training else "eval"
         inputs = dict(inputs)
         token_count = inputs.pop("token_count", None)
         labels = inputs.pop("labels")
-        outputs = model(**inputs, use_cache=False)
-        logits, targets = outputs.logits[:, :-1], labels[:, 1:]
+        fused = self.compute_loss_func is None and not (return_outputs and self.compute_metrics is not None)
+        outputs, head = forward_to_head(model, fused, **inputs, use_cache=False)
+        targets = labels[:, 1:]
         mask = targets != IGNORE_INDEX
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.compute_loss_func is None):
+            stats = head.positions(slice(None, -1)).token_stats(targets.clamp(min=0), mask=mask, with_entropy=True)
         if self.compute_loss_func is not None:  # the user's loss, given the same normaliser
             loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
         else:
-            token_logps = selective_log_softmax(logits, targets.clamp(min=0))
-            per_token = sft_token_loss(token_logps.float(), self.args.loss_type)
+            per_token = sft_token_loss(stats.logps, self.args.loss_type)
             loss = token_sum_loss(per_token, mask, num_items_in_batch)
         if num_items_in_batch is not None:
             if self.args.average_tokens_across_devices and self.args.world_size > 1:
                 loss = loss * self.accelerator.num_processes  # DDP averages gradients over processes
         elif mode == "train":
             loss = loss / self.current_gradient_accumulation_steps
-        self._record_metrics(mode, logits, targets, mask, token_count if token_count is not None else mask.numel())
+        self._record_metrics(mode, stats, targets, mask, token_count if token_count is not None else mask.numel())
         return (loss, outputs) if return_outputs else loss
 
     # ----------------------------------------------------------------------------------------- metrics
-    def _record_metrics(self, mode: str, logits: Tensor, targets: Tensor, mask: Tensor, token_count) -> None:
+    def _record_metrics(self, mode: str, stats: TokenStats, targets: Tensor, mask: Tensor, token_count) -> None:
         """Add this micro-batch's (correct, entropy sum, trained tokens, input tokens) to the logging window.
         Kept on the device and reduced over processes once per log, not once per micro-batch."""
-        correct, entropy, n = trained_token_stats(logits.detach(), targets, mask)
+        correct, entropy, n = token_stats_sums(stats, targets, mask)
         local = torch.stack(
             [correct.float(), entropy, n.float(), torch.as_tensor(token_count, device=n.device).float()]
         )

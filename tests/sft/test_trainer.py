@@ -228,3 +228,33 @@ def test_sft_checkpoints_are_complete_and_resume_true_picks_them(tmp_path):
     with pytest.raises(ValueError, match="already holds checkpoints"):
         run()
     assert run(resume=True, max_steps=3).state.global_step == 3
+
+
+@pytest.mark.parametrize("loss_type", ["nll", "dft"])
+def test_fused_head_loss_and_metrics_equal_the_plain_full_logits_ones(tmp_path, loss_type):
+    """compute_loss never forms the logits (the model returns (B, 0, V)) and gives the loss, gradients and metrics
+    of the plain full-vocabulary computation."""
+    tok = build_tokenizer()
+    args = sft_args(tmp_path, loss_type=loss_type)
+    trainer = SFTTrainer(tiny(tok), args, train_dataset=addition_dataset(8), processing_class=tok)
+    model = trainer.model
+    batch = next(iter(trainer.get_train_dataloader()))
+    count = (batch["labels"][:, 1:] != -100).sum()
+    loss, outputs = trainer.compute_loss(model, dict(batch), return_outputs=True, num_items_in_batch=count)
+    assert outputs.logits.shape[1] == 0
+    fused_grads = torch.autograd.grad(loss, list(model.parameters()))
+    plain_inputs = {k: v for k, v in batch.items() if k not in ("labels", "token_count")}
+    logits = model(**plain_inputs, use_cache=False).logits[:, :-1].float()
+    targets = batch["labels"][:, 1:]
+    mask = targets != -100
+    logp = torch.log_softmax(logits, -1)
+    token_logps = logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    per_token = -token_logps if loss_type == "nll" else -token_logps.detach().exp() * token_logps
+    plain = (per_token * mask).sum() / mask.sum()
+    torch.testing.assert_close(loss, plain)
+    for got, want in zip(fused_grads, torch.autograd.grad(plain, list(model.parameters()))):
+        torch.testing.assert_close(got, want)
+    correct, entropy, n, _ = trainer._sums["train"].tolist()
+    assert n == mask.sum().item()
+    assert correct == ((logits.argmax(-1) == targets) & mask).sum().item()
+    assert entropy == pytest.approx((-(logp.exp() * logp).sum(-1) * mask).sum().item(), rel=1e-5)

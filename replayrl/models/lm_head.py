@@ -1,0 +1,103 @@
+"""The hidden states in front of the lm_head, so the loss can apply the head chunk by chunk.
+
+A causal LM's forward ends with ``logits = lm_head(hidden)``: with a 152k vocabulary that one matrix product makes
+the largest tensor of the step. `forward_to_head` runs the model's own forward (through DDP/PEFT wrappers, so
+gradient sync, MoE aux losses and ``logits_to_keep`` work as usual) with a pre-hook on the lm_head that keeps its
+input and hands the head zero positions instead; the caller then computes log-probs from ``hidden`` and the head's
+weight with `replayrl.algos.logprobs.chunked_token_stats` (a fused linear + log-softmax). Where that is not
+known to give the same logits (a family that rescales or soft-caps them, an lm_head that is not a plain
+``nn.Linear`` such as a LoRA-wrapped one, parameters sharded by ZeRO-3/FSDP), it falls back to the logits.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from torch import Tensor, nn
+
+from replayrl.algos.logprobs import TokenStats, chunked_token_stats
+from replayrl.models.attention import base_model
+
+# Families whose logits are exactly ``lm_head(hidden)`` (no scaling, soft-capping or extra terms after it).
+FUSED_HEAD_MODEL_TYPES = frozenset(
+    {
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "qwen3_moe",
+        "phi3",
+        "olmo",
+        "olmo2",
+        "smollm3",
+        "gpt2",
+        "gpt_neox",
+        "starcoder2",
+        "deepseek_v3",
+    }
+)
+
+
+class HeadInput(NamedTuple):
+    """What the token log-probs are computed from: ``source (B, L, H)`` hidden states with the head's ``weight
+    (V, H)`` and ``bias (V,)`` or None, or ``source (B, L, V)`` logits with ``weight = bias = None``."""
+
+    source: Tensor
+    weight: Tensor | None = None
+    bias: Tensor | None = None
+
+    def token_stats(self, targets: Tensor, **kwargs) -> TokenStats:
+        """`chunked_token_stats` of ``targets (B, L)`` (keywords: mask, temperature, with_entropy, ...)."""
+        return chunked_token_stats(self.source, targets, weight=self.weight, bias=self.bias, **kwargs)
+
+    def positions(self, index) -> HeadInput:
+        """The same head over ``source[:, index]`` (e.g. ``slice(None, -1)``: logits at t predict token t + 1)."""
+        return HeadInput(self.source[:, index], self.weight, self.bias)
+
+
+def fused_head(model) -> nn.Linear | None:
+    """The model's lm_head when the fused path gives exactly its logits, else None."""
+    base = base_model(model)
+    config = getattr(base, "config", None)
+    if getattr(config, "model_type", None) not in FUSED_HEAD_MODEL_TYPES:
+        return None
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if type(head) is not nn.Linear:  # LoRA / modules_to_save wrappers, value heads, ...
+        return None
+    if any(_is_sharded(p) for p in head.parameters()):
+        return None
+    return head
+
+
+def _is_sharded(param: Tensor) -> bool:
+    """ZeRO-3 (``ds_id``) and FSDP2 (DTensor) parameters are only whole inside the module's own forward."""
+    return hasattr(param, "ds_id") or type(param).__name__ == "DTensor" or type(param.data).__name__ == "DTensor"
+
+
+def forward_to_head(model, fused: bool = True, **inputs) -> tuple[object, HeadInput]:
+    """``model(**inputs)`` and the `HeadInput` to compute the token log-probs from.
+
+    With ``fused`` and a `fused_head`, the returned outputs carry empty logits ``(B, 0, V)`` and the head input is
+    the hidden states at the positions the logits would have had (``logits_to_keep`` applies); otherwise it is
+    ``outputs.logits``.
+    """
+    head = fused_head(model) if fused else None
+    if head is None:
+        outputs = model(**inputs)
+        return outputs, HeadInput(outputs.logits)
+    captured: list[Tensor] = []
+
+    def keep_input(module, args):
+        captured.append(args[0])
+        return (args[0][..., :0, :],)
+
+    handle = head.register_forward_pre_hook(keep_input)
+    try:
+        outputs = model(**inputs)
+    finally:
+        handle.remove()
+    if len(captured) != 1:
+        raise RuntimeError(f"the lm_head ran {len(captured)} times in one forward; expected once")
+    return outputs, HeadInput(captured[0], head.weight, head.bias)
