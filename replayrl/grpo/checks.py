@@ -8,11 +8,10 @@ from typing import Any
 
 def check_datasets(args, train_dataset, eval_dataset, reward_funcs) -> None:
     """Train and eval datasets against the config and the columns the reward functions read."""
-    if train_dataset is None:
-        raise ValueError("train_dataset is required: GRPOTrainer samples its prompts from it (as in TRL).")
+    if train_dataset is None:  # allowed until train() (TRL: a trainer for its methods, or for evaluation only)
+        return _check_eval(eval_dataset, reward_funcs, set())
     _check_prompts("train_dataset", train_dataset)
     _check_required_columns("train_dataset", train_dataset, reward_funcs.columns_required())
-    reward_columns = reward_funcs.columns_used()
     needed = args.generation_batch_size // args.num_generations
     if hasattr(train_dataset, "__len__") and len(train_dataset) < needed:
         raise ValueError(
@@ -21,12 +20,17 @@ def check_datasets(args, train_dataset, eval_dataset, reward_funcs) -> None:
             f"{args.num_generations}), so training would run 0 steps. Add prompts, or lower "
             "per_device_train_batch_size / steps_per_generation / gradient_accumulation_steps."
         )
+    _check_eval(eval_dataset, reward_funcs, set(_columns(train_dataset) or ()))
+
+
+def _check_eval(eval_dataset, reward_funcs, train_columns: set[str]) -> None:
     if eval_dataset is None:
         return
+    reward_columns = reward_funcs.columns_used()
     for name, ds in _named(eval_dataset):
         _check_prompts(name, ds)
         _check_required_columns(name, ds, reward_funcs.columns_required())
-        missing = sorted(reward_columns & set(_columns(train_dataset) or ()) - set(_columns(ds) or reward_columns))
+        missing = sorted(reward_columns & train_columns - set(_columns(ds) or reward_columns))
         if missing:
             raise ValueError(
                 f"{name} lacks the column(s) {missing} that the reward functions read (train_dataset has them); "

@@ -167,6 +167,8 @@ class GRPOTrainer(ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, SafeCh
             self._signature_columns = ["prompt"]
 
     def get_train_dataloader(self):
+        if self.train_dataset is None:
+            raise ValueError("train_dataset is required to train: GRPOTrainer samples its prompts from it (as in TRL).")
         # One dataloader batch = one process's whole generation batch (the sampler repeats it per micro-step).
         return self._get_dataloader(
             dataset=self.train_dataset,

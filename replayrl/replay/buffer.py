@@ -86,6 +86,12 @@ class ReplayBuffer:
         return len(self.groups) + len(self.scored)
 
     @property
+    def trl_style(self) -> bool:
+        """Whether the buffer holds TRL-style ``(score, dict)`` items (built with ``max_size=``, or given a TRL
+        ``add(scores, data)``)."""
+        return self._trl_style
+
+    @property
     def heap(self) -> list[tuple[float, object]]:
         """TRL's view: ``(score, data)`` pairs, lowest score first (groups appear as `ReplayGroup` data)."""
         if self._trl_style:
@@ -121,13 +127,14 @@ class ReplayBuffer:
         self.groups = [g for g in self.groups if current_version - g.version <= self.max_age]
         return before - len(self.groups)
 
-    def sample(self, k: int) -> list[ReplayGroup]:
-        """Up to k distinct groups, drawn with probability proportional to score; each drawn group's reuse
-        count goes up and it leaves the buffer once it reaches `max_reuse`. A TRL-style buffer follows TRL:
-        ``k`` items, with replacement only when more are asked than held, None when empty."""
+    def sample(self, num_samples: int) -> list[ReplayGroup]:
+        """Up to `num_samples` (TRL's argument name) distinct groups, drawn with probability proportional to
+        score; each drawn group's reuse count goes up and it leaves the buffer once it reaches `max_reuse`.
+        A TRL-style buffer follows TRL: ``num_samples`` items, with replacement only when more are asked than
+        held, None when empty."""
         if self._trl_style:
-            return self.scored.sample(k, self.generator)
-        k = min(k, len(self.groups))
+            return self.scored.sample(num_samples, self.generator)
+        k = min(num_samples, len(self.groups))
         if k == 0:
             return []
         weights = torch.tensor([g.score for g in self.groups], dtype=torch.float64).clamp(min=0)

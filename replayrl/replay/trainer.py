@@ -25,11 +25,12 @@ from replayrl.replay.buffer import ReplayBuffer, group_score
 from replayrl.replay.config import GRPOWithReplayBufferConfig
 from replayrl.replay.diagnostics import replay_loss_metrics
 from replayrl.replay.mixing import STORE_PROMPTS, SuccessStore, mix_into_group, prompt_key, successes_of_group
+from replayrl.replay.update import TRLReplayMethodsMixin
 
 logger = logging.getLogger(__name__)
 
 
-class GRPOWithReplayBufferTrainer(GRPOTrainer):
+class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
     """[`GRPOTrainer`] with a replay buffer. Same constructor; `args` is a [`GRPOWithReplayBufferConfig`]."""
 
     _tag_names = ["trl", "grpo", "replayrl", "replay-buffer"]
@@ -74,24 +75,69 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
         return self._replace_zero_std_groups(rollout)
 
     def _replace_zero_std_groups(self, rollout: Rollout) -> Rollout:
+        """Draw buffered groups for the global batch's zero-std groups (one draw, the same on every process), then
+        hand the local batch to `update_with_replay_buffer` (TRL's method: an override decides what is trained)."""
         G = self.num_generations
         zero = algos.zero_std_groups(rollout.rewards, G, self.args.replay_zero_std_atol)
         all_zero = self.accelerator.gather(zero)  # same decisions on every rank
         self.replay_buffer.evict_stale(self.state.global_step)
-        picks = self.replay_buffer.sample(int(all_zero.sum()))
+        picks = self.replay_buffer.sample(num_samples=int(all_zero.sum()))
         # Slot s of the global zero-std list gets picks[s]; this process owns a contiguous range of slots.
-        n_local = zero.numel()
-        rank = self.accelerator.process_index
-        first_slot = int(all_zero[: rank * n_local].sum())
-        groups, replaced = [], 0
-        for g, is_zero in enumerate(zero.tolist()):
-            if is_zero and first_slot + replaced < len(picks):
-                groups.append(self._as_replayed(picks[first_slot + replaced].rollout, rollout))
-                replaced += 1
+        first_slot = int(all_zero[: self.accelerator.process_index * zero.numel()].sum())
+        self._pending_picks = picks[first_slot : first_slot + int(zero.sum())]
+        self._replay_assignment = {}
+        std = algos.group_std(rollout.rewards, G).nan_to_num(0.0).masked_fill(zero, 0.0)
+        try:
+            out = self.update_with_replay_buffer(
+                rollout.advantages.view(-1, G),
+                std.unsqueeze(1).expand(-1, G),
+                rollout.prompt_ids,
+                rollout.prompt_mask,
+                rollout.completion_ids,
+                rollout.completion_mask,
+                {},
+                int(rollout.completion_mask.sum()),
+                rollout.old_logps,
+                rollout.ref_logps,
+                None,
+            )
+            assignment = self._replay_assignment
+        finally:
+            self._pending_picks, self._replay_assignment = None, None
+        self._log_replacement(all_zero, picks)
+        return rollout if out is None else self._rollout_from_update(out, rollout, assignment)
+
+    def _rollout_from_update(self, out: dict, rollout: Rollout, assignment: dict) -> Rollout:
+        """The Rollout that `update_with_replay_buffer`'s dict describes. Per-row fields the dict lacks (rewards,
+        policy version, ...) come from the buffered group a slot received (`assignment`), else from the fresh row;
+        a row whose tokens the method changed without an assignment (an override) is flagged replayed."""
+        G = self.num_generations
+        groups = []
+        for g in range(rollout.num_rows // G):
+            if g in assignment:
+                groups.append(self._as_replayed(assignment[g].rollout, rollout))
             else:
                 groups.append(rollout.rows(slice(g * G, (g + 1) * G)))
-        self._log_replacement(all_zero, picks)
-        return Rollout.concat(groups, pad_token_id=self.generation_config.pad_token_id) if replaced else rollout
+        pad = self.generation_config.pad_token_id
+        base = Rollout.concat(groups, pad_token_id=pad) if assignment else rollout
+        new = {
+            "prompt_ids": out["prompt_ids"],
+            "prompt_mask": out["prompt_mask"],
+            "completion_ids": out["completion_ids"],
+            "completion_mask": out["completion_mask"],
+            "advantages": out["advantages"].reshape(-1).to(rollout.advantages.dtype),
+            "old_logps": out.get("old_per_token_logps"),
+            "ref_logps": out.get("ref_per_token_logps", base.ref_logps),
+        }
+        changed = _changed_rows(base, new)
+        new["replayed"] = base.replayed | changed
+        width = new["completion_ids"].shape[1]
+        for name in ("engine_logps", "tool_mask", "loss_weights"):
+            value = getattr(base, name)
+            new[name] = value if value is None or value.shape[1] == width else None
+        if rollout.ref_logps is not None and new["ref_logps"] is None:
+            raise ValueError("update_with_replay_buffer returned no ref_per_token_logps although beta > 0.")
+        return base.with_(**new)
 
     def _mix_successes(self, rollout: Rollout) -> Rollout:
         """ExGRPO-style: each zero-std group whose prompt has a stored success with a higher reward gets that
@@ -224,6 +270,17 @@ class GRPOWithReplayBufferTrainer(GRPOTrainer):
                 f"Resuming with replay_buffer_size={self.args.replay_buffer_size} (the checkpoint used "
                 f"{saved['replay_buffer_size']}): the buffer keeps its highest-scored groups up to the new size."
             )
+
+
+def _changed_rows(base: Rollout, new: dict) -> Tensor:
+    """(N,) bool: rows whose real prompt or completion tokens differ between `base` and `new`'s tensors."""
+    pairs = (("prompt_ids", "prompt_mask"), ("completion_ids", "completion_mask"))
+    rows = []
+    for i in range(base.num_rows):
+        before = [getattr(base, ids)[i][getattr(base, mask)[i].bool()] for ids, mask in pairs]
+        after = [new[ids][i][new[mask][i].bool()] for ids, mask in pairs]
+        rows.append(any(b.shape != a.shape or not torch.equal(b, a) for b, a in zip(before, after)))
+    return torch.tensor(rows, dtype=torch.bool, device=base.replayed.device)
 
 
 def _flatten(per_rank: list[list]) -> list:
