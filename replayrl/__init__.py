@@ -28,6 +28,7 @@ _EXPORTS = {
     "create_reference_model": "replayrl.models.value_head",
     "PPOConfig": "replayrl.ppo.config",
     "PPOTrainer": "replayrl.ppo.trainer",
+    "set_seed": "transformers.trainer_utils",  # TRL v0.7 exports it (random, numpy, torch and every device)
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -305,12 +305,16 @@ class DPOTrainer(SafeCheckpointsMixin, Trainer):
         policy_rejected_logps: Tensor,
         reference_chosen_logps: Tensor,
         reference_rejected_logps: Tensor,
-        reference_free: bool = False,
+        reference_free: bool | None = None,
         chosen_lengths: Tensor | None = None,
         rejected_lengths: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Seed API: (losses (B,), chosen_rewards (B,), rejected_rewards (B,)) under the configured loss_type(s).
-        Without lengths, length-normalised losses (ipo, sigmoid_norm, sft) take the log-probs as given."""
+        Log-probs (B,). `reference_free` None (the default) follows `DPOConfig.reference_free`; True takes the
+        reference log-probs as 0. Without lengths, length-normalised losses (ipo, sigmoid_norm, sft) take the
+        log-probs as given."""
+        if reference_free is None:
+            reference_free = self.args.reference_free
         if reference_free:
             reference_chosen_logps = torch.zeros_like(policy_chosen_logps)
             reference_rejected_logps = torch.zeros_like(policy_rejected_logps)

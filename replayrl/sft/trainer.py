@@ -271,7 +271,7 @@ class SFTTrainer(SafeCheckpointsMixin, Trainer):
         if n > 0:  # in place: evaluate() returns them too
             logs[prefix + "mean_token_accuracy"] = correct / n
             logs[prefix + "entropy"] = entropy / n
-        if mode == "train":
+        if mode == "train" and tokens > 0:  # not on the closing summary: it would count the last window twice
             self._total_tokens += int(tokens)
             logs["num_tokens"] = float(self._total_tokens)
         super().log(logs, start_time)

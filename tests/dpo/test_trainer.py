@@ -202,6 +202,18 @@ def test_seed_api_names(tokenizer, pairs_data, tmp_path):
     assert loss.item() == pytest.approx(math.log(2))
 
 
+def test_reference_free_on_the_config_reaches_dpo_loss(tokenizer, pairs_data, tmp_path):
+    args = dpo_args(tmp_path, reference_free=True, beta=0.5)
+    trainer = DPOTrainer(tiny(tokenizer), args=args, train_dataset=pairs_data[0], processing_class=tokenizer)
+    c, r = torch.tensor([-1.0]), torch.tensor([-7.0])
+    # references are ignored: Delta = beta * (-1 - -7) = 3, whatever reference log-probs are passed
+    loss, cr, rr = trainer.dpo_loss(c, r, torch.tensor([-50.0]), torch.tensor([9.0]))
+    assert loss.item() == pytest.approx(-math.log(1 / (1 + math.exp(-3.0))))
+    assert (cr.item(), rr.item()) == pytest.approx((-0.5, -3.5))  # beta * policy log-prob
+    loss, _, _ = trainer.dpo_loss(c, r, torch.tensor([-50.0]), torch.tensor([9.0]), reference_free=False)
+    assert loss.item() == pytest.approx(-math.log(1 / (1 + math.exp(-0.5 * (6.0 - (-59.0))))), abs=1e-6)
+
+
 def test_conversational_implicit_prompt_data(tokenizer, tmp_path):
     chat = lambda role, text: {"role": role, "content": text}  # noqa: E731
     rows = [

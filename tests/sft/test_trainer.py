@@ -115,6 +115,20 @@ def test_packed_rows_and_token_count(tmp_path):
     assert trainer.state.log_history[0]["num_tokens"] == total  # 25 documents fit in one batch of rows
 
 
+def test_num_tokens_counts_every_token_once(tmp_path):
+    tok = build_tokenizer()
+    data = addition_dataset(12)
+    args = sft_args(tmp_path, max_steps=3, per_device_train_batch_size=4)  # 3 steps x 4 rows: each row once
+    trainer = SFTTrainer(tiny(tok), args=args, train_dataset=data, processing_class=tok)
+    trainer.train()
+    rows = trainer.train_dataset
+    total = sum(len(ids) for ids in rows["input_ids"])
+    counts = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h]
+    assert len(counts) == 3 and counts[-1] == total  # cumulative, as TRL's
+    assert counts[0] < counts[1] < counts[2]
+    assert "train_runtime" in trainer.state.log_history[-1] and "num_tokens" not in trainer.state.log_history[-1]
+
+
 def test_seed_constructor_names(tmp_path):
     tok = build_tokenizer()
     data = Dataset.from_dict({"content": ["hello there", "general kenobi", "abc"]})
