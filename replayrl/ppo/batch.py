@@ -80,10 +80,16 @@ class ForwardOutput:
     values: Tensor | None
     full_logprobs: Tensor | None = None
     entropy: Tensor | None = None
+    logits: Tensor | None = None  # (B, R, V) response-position logits (already computed), when asked
 
 
 def forward(
-    model, batch: PPOBatch, temperature: float = 1.0, full_logprobs: bool = False, entropy: bool = False
+    model,
+    batch: PPOBatch,
+    temperature: float = 1.0,
+    full_logprobs: bool = False,
+    entropy: bool = False,
+    keep_logits: bool = False,
 ) -> ForwardOutput:
     """One forward pass of ``model`` (value-head wrapper: values too; plain LM: values None) over ``batch``.
 
@@ -105,6 +111,8 @@ def forward(
     if entropy:
         with torch.no_grad():
             result.entropy = entropy_from_logits(logits.detach())
+    if keep_logits:
+        result.logits = logits
     return result
 
 

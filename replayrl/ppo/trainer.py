@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
@@ -33,7 +32,8 @@ from replayrl.algos import ppo as F
 from replayrl.metrics import METRICS_FILE, json_value
 from replayrl.ppo.batch import PPOBatch, batch_to, batched_forward, build_batch, forward
 from replayrl.ppo.config import PPOConfig
-from replayrl.ppo.stats import gather_stats, log_stats_record, minibatch_stats, step_stats
+from replayrl.ppo.seed_methods import PPOSeedMethodsMixin
+from replayrl.ppo.stats import gather_stats, log_stats_record, step_stats
 
 ROLLOUT_KEYS = ("logprobs", "values", "advantages", "returns")
 
@@ -53,7 +53,7 @@ class LengthSampler:
         return self.values[int(torch.randint(len(self.values), ()).item())]
 
 
-class PPOTrainer:
+class PPOTrainer(PPOSeedMethodsMixin):
     """PPO for causal LMs with a value head; arguments as the seed's `PPOTrainer` (see `docs/ppo.md`)."""
 
     def __init__(
@@ -199,16 +199,20 @@ class PPOTrainer:
         timing["time/ppo/forward_pass"] = time.time() - t
         t = time.time()
         mask, kl_coef = batch.response_mask, self.kl_ctl.value
-        kl = F.kl_penalty(old.logprobs, ref.logprobs, self.config.kl_penalty, old.full_logprobs, ref.full_logprobs)
-        rewards, non_score = F.token_rewards(scores.to(device), kl, kl_coef, mask)
+        # the seed's methods (overridable): kl_penalty "full" hands them the (B, T, V) distributions
+        kl_inputs = (
+            (old.full_logprobs, ref.full_logprobs) if old.full_logprobs is not None else (old.logprobs, ref.logprobs)
+        )
+        with torch.no_grad():
+            kl = self._kl_penalty(*kl_inputs)  # for the stats
+            rewards, non_score = self.compute_rewards(scores.to(device), *kl_inputs, mask)
         timing["time/ppo/compute_rewards"] = time.time() - t
         t = time.time()
-        advantages, returns = F.advantages_and_returns(
-            old.values, rewards, mask, self.config.gamma, self.config.lam, reduce_sum=self._reduce_sum
-        )
+        with torch.no_grad():
+            values, advantages, returns = self.compute_advantages(old.values, rewards, mask)
         timing["time/ppo/compute_advantages"] = time.time() - t
         t = time.time()
-        rollout = {"logprobs": old.logprobs, "values": old.values, "advantages": advantages, "returns": returns}
+        rollout = {"logprobs": old.logprobs, "values": values, "advantages": advantages, "returns": returns}
         train_stats = self._optimize(batch, rollout)
         timing["time/ppo/optimize_step"] = time.time() - t
         t = time.time()
@@ -310,33 +314,19 @@ class PPOTrainer:
         width = mask.shape[1]
         old = {k: rollout[k][rows, :width] for k in ROLLOUT_KEYS}
         self.model.eval()  # dropout off; gradients flow as usual
-        out = forward(self.model, batch, config.temperature, entropy=True)
-        # token mean over the mini-batch of ALL processes (the data-parallel gradient average undoes the factor)
-        num_tokens = self._reduce_sum(mask.sum().float()) / self.accelerator.num_processes
-        pg_loss, pg_clipfrac, ratio = F.policy_loss(
-            out.logprobs, old["logprobs"], old["advantages"], mask, config.cliprange, num_tokens
+        out = forward(self.model, batch, config.temperature, keep_logits=True)
+        pg_loss, vf_loss, stats = self.loss(
+            old["logprobs"],
+            old["values"],
+            out.logits,
+            out.values,
+            out.logprobs,
+            mask,
+            old["advantages"],
+            old["returns"],
         )
-        vf_loss, vf_clipfrac = F.value_loss(
-            out.values, old["values"], old["returns"], mask, config.cliprange_value, config.vf_coef, num_tokens
-        )
-        loss = pg_loss + vf_loss
-        avg_ratio = F.masked_mean(ratio, mask).item()
-        if avg_ratio > config.ratio_threshold:
-            warnings.warn(
-                f"The average ratio of this mini-batch is {avg_ratio:.2f} > ratio_threshold={config.ratio_threshold}; "
-                "skipping it (loss set to 0, as the seed).",
-                stacklevel=2,
-            )
-            pg_loss, vf_loss, loss = pg_loss * 0.0, vf_loss * 0.0, loss * 0.0
-        self._backward(loss, sync)
-        losses = {
-            "policy": pg_loss,
-            "value": vf_loss,
-            "total": loss,
-            "pg_clipfrac": pg_clipfrac,
-            "vf_clipfrac": vf_clipfrac,
-        }
-        return minibatch_stats(out, old, mask, ratio, losses)
+        self._backward(pg_loss + vf_loss, sync)
+        return stats
 
     def _backward(self, loss: Tensor, sync: bool) -> None:
         """Accumulate ``loss / gradient_accumulation_steps``; at ``sync``, clip and step.
