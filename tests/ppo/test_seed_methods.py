@@ -7,20 +7,17 @@ import pytest
 import torch
 
 from replayrl.ppo import PPOConfig, PPOTrainer
+from tests.algos.test_ppo import LOGP, REF
 from tests.ppo.test_trainer import GEN, make_trainer, queries_of, value_model
 
-LOGP = torch.tensor([[0.5, 0.2, 0.1], [0.6, 0.2, 0.1]])
-REF = torch.tensor([[0.4, 0.3, 0.0], [0.7, 0.1, 0.3]])
+KL_SANITY = [
+    ("kl", [[0.1, -0.1, 0.1], [-0.1, 0.1, -0.2]]),
+    ("abs", [[0.1, 0.1, 0.1], [0.1, 0.1, 0.2]]),
+    ("mse", [[0.005, 0.005, 0.005], [0.005, 0.005, 0.02]]),
+]  # docs' sanity values, through the trainer's method this time (tests/algos/test_ppo.py: the function)
 
 
-@pytest.mark.parametrize(
-    "kind, expected",
-    [
-        ("kl", [[0.1, -0.1, 0.1], [-0.1, 0.1, -0.2]]),
-        ("abs", [[0.1, 0.1, 0.1], [0.1, 0.1, 0.2]]),
-        ("mse", [[0.005, 0.005, 0.005], [0.005, 0.005, 0.02]]),
-    ],
-)
+@pytest.mark.parametrize("kind, expected", KL_SANITY)
 def test_kl_penalty_values(tokenizer, kind, expected):
     trainer = make_trainer(tokenizer, kl_penalty=kind)
     assert torch.allclose(trainer._kl_penalty(LOGP, REF), torch.tensor(expected), atol=1e-6)
