@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
 
+from replayrl.accumulation import OwnLossScalingMixin, micro_batch_share
 from replayrl.algos.preference import PairLogps, dpo_losses, implicit_rewards, wpo_weights
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.preference import DPODataCollator, dataset_kind, tokenize_dpo_row
@@ -54,7 +55,7 @@ def _disable_dropout(model: nn.Module) -> None:
             module.p = 0.0
 
 
-class DPOTrainer(SafeCheckpointsMixin, Trainer):
+class DPOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
     """TRL-compatible DPO trainer. Arguments as TRL's `DPOTrainer`; the seed's `beta`, `max_length`, ...
     may also be given here, and override `args`."""
 
@@ -106,7 +107,6 @@ class DPOTrainer(SafeCheckpointsMixin, Trainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
-        self.model_accepts_loss_kwargs = False  # compute_loss returns a batch mean; Trainer divides by GA steps
         self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
         self.ref_model = ref_model
         if self.ref_model is not None:
@@ -369,6 +369,7 @@ class DPOTrainer(SafeCheckpointsMixin, Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss, metrics = self.get_batch_loss_metrics(model, inputs, "train" if model.training else "eval")
+        loss = micro_batch_share(self, loss, model.training)  # a mean over pairs: this micro-batch's share
         return (loss, metrics) if return_outputs else loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):

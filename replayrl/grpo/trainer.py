@@ -27,6 +27,7 @@ from torch import Tensor
 from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
 
 from replayrl import algos
+from replayrl.accumulation import OwnLossScalingMixin
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.prompts import is_conversational, prompts_to_text, tokenize_prompts
 from replayrl.generation import build_backend
@@ -53,7 +54,9 @@ def _identity_collator(features: list[dict]) -> list[dict]:
     return features
 
 
-class GRPOTrainer(ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, SafeCheckpointsMixin, Trainer):
+class GRPOTrainer(
+    ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, OwnLossScalingMixin, SafeCheckpointsMixin, Trainer
+):
     """TRL-compatible GRPO trainer. Arguments as TRL's `GRPOTrainer` (see the seed docs)."""
 
     _tag_names = ["trl", "grpo", "replayrl"]
@@ -106,9 +109,8 @@ class GRPOTrainer(ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, SafeCh
             callbacks=callbacks,
             optimizers=optimizers,
         )
-        # compute_loss returns each micro-batch's share of the optimizer-step loss (see _finalize_rollout).
-        self.loss_is_scaled_for_ga = True
-        self.model_accepts_loss_kwargs = False
+        # compute_loss returns each micro-batch's share of the optimizer-step loss (see _finalize_rollout), which
+        # OwnLossScalingMixin back-propagates as is on every transformers version.
         self.num_generations = args.num_generations
         self.num_generations_eval = args.num_generations_eval or args.num_generations
         vars(self).update(options.trl_attributes(args))

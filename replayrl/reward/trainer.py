@@ -26,6 +26,7 @@ from transformers import (
     TrainerCallback,
 )
 
+from replayrl.accumulation import OwnLossScalingMixin, micro_batch_share
 from replayrl.algos.preference import bradley_terry_loss, pairwise_accuracy
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.preference import RewardDataCollatorWithPadding, dataset_kind, tokenize_reward_row
@@ -82,7 +83,7 @@ def check_pad_token(model: PreTrainedModel, tokenizer) -> int:
     return model.config.pad_token_id
 
 
-class RewardTrainer(SafeCheckpointsMixin, Trainer):
+class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
     """TRL-compatible reward trainer; also takes the seed's pre-tokenized columns, `tokenizer=` and
     `max_length=`."""
 
@@ -136,7 +137,6 @@ class RewardTrainer(SafeCheckpointsMixin, Trainer):
             optimizers=optimizers,
             preprocess_logits_for_metrics=preprocess_logits_for_metrics,
         )
-        self.model_accepts_loss_kwargs = False
         self.pad_token_id = pad_id
         self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
         self._total_tokens = 0
@@ -226,6 +226,7 @@ class RewardTrainer(SafeCheckpointsMixin, Trainer):
         mode = "train" if model.training else "eval"
         chosen, rejected = self.rewards(model, inputs)
         loss = bradley_terry_loss(chosen, rejected, inputs.get("margin"), self.args.center_rewards_coefficient)
+        loss = micro_batch_share(self, loss, model.training)  # a mean over pairs: this micro-batch's share
         self._record_metrics(mode, inputs, chosen.detach(), rejected.detach())
         if return_outputs:
             return loss, {"rewards_chosen": chosen, "rewards_rejected": rejected}

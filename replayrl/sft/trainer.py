@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
 
+from replayrl.accumulation import OwnLossScalingMixin
 from replayrl.algos.logprobs import TokenStats
 from replayrl.algos.sft import sft_token_loss, token_stats_sums, token_sum_loss
 from replayrl.checkpoints import SafeCheckpointsMixin
@@ -50,7 +51,7 @@ SEED_CONFIG_KWARGS = {
 SEED_IGNORED_KWARGS = ("infinite", "num_of_sequences", "chars_per_token", "dataset_batch_size")
 
 
-class SFTTrainer(SafeCheckpointsMixin, Trainer):
+class SFTTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
     """TRL-compatible supervised fine-tuning trainer; see `SFTConfig` and `docs/sft.md`.
 
     `model`: a name/path (loaded with `args.model_init_kwargs`) or a model object. `train_dataset` /
@@ -107,8 +108,6 @@ class SFTTrainer(SafeCheckpointsMixin, Trainer):
             optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
             preprocess_logits_for_metrics=preprocess_logits_for_metrics,
         )
-        # compute_loss divides by num_items_in_batch, the trained tokens of the whole accumulated batch.
-        self.loss_is_scaled_for_ga = True
         self._sums: dict[str, Tensor] = {}  # mode -> (correct, entropy sum, trained tokens, input tokens)
         self._total_tokens = 0
         attach_metrics_file(self)

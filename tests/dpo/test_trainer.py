@@ -313,3 +313,20 @@ def test_sync_ref_model_survives_resume(tokenizer, pairs_data, tmp_path):
     for saved, loaded in zip(first.ref_model.parameters(), resumed.ref_model.parameters()):
         assert torch.equal(saved, loaded)
     assert any(not torch.equal(a, b) for a, b in zip(fresh, resumed.ref_model.parameters()))
+
+
+def test_gradient_accumulation_8x1_equals_1x8(tokenizer, pairs_data, tmp_path):
+    """replayrl scales the loss itself (replayrl.accumulation): the same SGD update on any transformers version."""
+    results = []
+    for bs, ga in [(8, 1), (1, 8), (2, 4)]:
+        args = dpo_args(tmp_path / f"{bs}x{ga}", per_device_train_batch_size=bs, gradient_accumulation_steps=ga,
+                        optim="sgd", learning_rate=1.0, max_grad_norm=0.0)  # fmt: skip
+        trainer = DPOTrainer(tiny(tokenizer), args=args, train_dataset=pairs_data[0], processing_class=tokenizer)
+        trainer.train()
+        results.append((losses(trainer)[0], [p.detach().clone() for p in trainer.model.parameters()]))
+    (ref_loss, ref_params), *others = results
+    for loss, params in others:
+        assert loss == pytest.approx(ref_loss, abs=1e-6)
+        for a, b in zip(params, ref_params):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert any(not torch.equal(a, b) for a, b in zip(ref_params, tiny(tokenizer).parameters()))

@@ -193,3 +193,22 @@ def test_prefix_sharing_gives_the_two_row_losses_and_updates(tokenizer, tmp_path
         torch.testing.assert_close(v, w, atol=2e-5, rtol=1e-4)
     assert [s[0] for s in base_shapes] == [16] * 3 and all(s[0] <= 8 for s in shapes)
     assert sum(math.prod(s) for s in shapes) < 0.8 * sum(math.prod(s) for s in base_shapes)
+
+
+def test_gradient_accumulation_8x1_equals_1x8(tokenizer, pairs_data, tmp_path):
+    """replayrl scales the loss itself (replayrl.accumulation): the same SGD update on any transformers version."""
+    train = pairs_data[0].select(range(8))
+    results = []
+    for bs, ga in [(8, 1), (1, 8), (2, 4)]:
+        args = rm_args(tmp_path / f"{bs}x{ga}", per_device_train_batch_size=bs, gradient_accumulation_steps=ga,
+                       optim="sgd", learning_rate=1.0, max_grad_norm=0.0)  # fmt: skip
+        trainer = RewardTrainer(classifier(tokenizer), args=args, train_dataset=train, processing_class=tokenizer)
+        trainer.train()
+        loss = next(r["loss"] for r in trainer.state.log_history if "loss" in r)
+        results.append((loss, [p.detach().clone() for p in trainer.model.parameters()]))
+    (ref_loss, ref_params), *others = results
+    for loss, params in others:
+        assert loss == pytest.approx(ref_loss, abs=1e-6)
+        for a, b in zip(params, ref_params):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert any(not torch.equal(a, b) for a, b in zip(ref_params, classifier(tokenizer).parameters()))
