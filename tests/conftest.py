@@ -63,11 +63,20 @@ def tiny_args(cls, tmp_path, **overrides):
     return cls(**kwargs)
 
 
+def cpu_launch_env() -> dict[str, str]:
+    """Environment for `accelerate launch` of CPU processes (gloo) on any machine: a visible GPU would otherwise
+    make accelerate pick it (and NCCL, one device for two processes). `ACCELERATE_USE_CPU` + `--multi_gpu` is
+    accelerate's way to start several CPU processes (`--cpu` alone starts one)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    env.update(CUDA_VISIBLE_DEVICES="", ACCELERATE_USE_CPU="true")
+    return env
+
+
 def launch_two_processes(worker: Path, out: Path, port: int, *args: str) -> dict:
     """`accelerate launch --num_processes 2 worker out *args` on CPU (gloo); the worker saves `out/result.pt`
     from its main process, which is returned."""
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = cpu_launch_env()
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1"]
     cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", "--multi_gpu", "--main_process_port", str(port)]
     proc = subprocess.run([*cmd, str(worker), str(out), *args], env=env, capture_output=True, text=True, timeout=600)

@@ -20,6 +20,7 @@ from transformers import TrainerCallback
 
 from replayrl import GRPOConfig, GRPOTrainer, GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
 from replayrl.models.tiny import build_tiny_model, build_tokenizer, prompt_dataset
+from tests.workers import shut_down
 
 
 def force_fsdp_on_cpu() -> None:
@@ -157,11 +158,4 @@ def main(mode: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
-    if torch.distributed.is_initialized():  # a clean shutdown: no process exits while another still talks
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-    # Skip interpreter teardown: a gloo/FSDP helper thread still joinable at exit sometimes aborts the process
-    # ("terminate called without an active exception") after all the work and its results are written.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    shut_down()

@@ -1,7 +1,6 @@
 """Two CPU processes under `accelerate launch` (gloo): training works, the loss and the update equal the
 single-process ones on the same global batch, and the replay buffer is one logical buffer."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,15 +11,14 @@ import torch
 from replayrl import GRPOConfig, GRPOTrainer
 from replayrl.grpo.rollout import Rollout
 from replayrl.models.tiny import build_tiny_model, prompt_dataset
-from tests.conftest import tiny_args
+from tests.conftest import cpu_launch_env, tiny_args
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 
 
 def launch(mode: str, out: Path) -> list | dict:
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(WORKER.parent.parent)}
-    # `--multi_gpu` without GPUs starts torchrun; accelerate then picks MULTI_CPU with gloo.
+    env = cpu_launch_env()
     cmd = [
         sys.executable,
         "-m",

@@ -12,13 +12,14 @@
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.conftest import cpu_launch_env
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("fsdp_worker.py")
@@ -27,7 +28,7 @@ CONFIGS = ROOT / "examples" / "accelerate"
 
 def launch(config: Path, mode: str, out: Path, port: int, *overrides: str) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    env = cpu_launch_env()
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), *overrides]
     cmd += ["--main_process_port", str(port), str(WORKER), mode, str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

@@ -1,7 +1,6 @@
 """Two processes under `accelerate launch` give the same losses and the same update as one process."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.conftest import cpu_launch_env
 from tests.ppo import dist_step
 
 SCRIPT = Path(__file__).with_name("dist_step.py")
@@ -19,11 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run(args: list[str], out: Path) -> tuple[dict, dict, str]:
     out.mkdir()
-    # ACCELERATE_USE_CPU + --multi_gpu: accelerate's way to start several CPU (gloo) processes on one machine
-    # (`--cpu` alone starts one process)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    env["ACCELERATE_USE_CPU"] = "true"
-    done = subprocess.run([*args, str(SCRIPT), str(out)], env=env, capture_output=True, text=True, timeout=300)
+    cmd = [*args, str(SCRIPT), str(out)]
+    done = subprocess.run(cmd, env=cpu_launch_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return load_file(str(out / "params.safetensors")), json.loads((out / "stats.json").read_text()), done.stderr
 
