@@ -63,6 +63,16 @@ def tiny_args(cls, tmp_path, **overrides):
     return cls(**kwargs)
 
 
+def assert_same_updates(results: list[tuple[float, list[torch.Tensor]]], untrained: list[torch.Tensor]) -> None:
+    """Every (logged loss, parameters after the step) equals the first, and the first differs from `untrained`."""
+    (ref_loss, ref_params), *others = results
+    for loss, params in others:
+        assert loss == pytest.approx(ref_loss, abs=1e-6)
+        for a, b in zip(params, ref_params):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert any(not torch.equal(a, b) for a, b in zip(ref_params, untrained))
+
+
 def cpu_launch_env() -> dict[str, str]:
     """Environment for `accelerate launch` of CPU processes (gloo) on any machine: a visible GPU would otherwise
     make accelerate pick it (and NCCL, one device for two processes). `ACCELERATE_USE_CPU` + `--multi_gpu` is
