@@ -25,6 +25,7 @@ _EXPORTS = {
     "SFTConfig": "replayrl.sft.config",
     "SFTTrainer": "replayrl.sft.trainer",
     "AutoModelForCausalLMWithValueHead": "replayrl.models.value_head",
+    "AutoModelForSeq2SeqLMWithValueHead": "replayrl.models.value_head",
     "create_reference_model": "replayrl.models.value_head",
     "PPOConfig": "replayrl.ppo.config",
     "PPOTrainer": "replayrl.ppo.trainer",

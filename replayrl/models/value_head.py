@@ -52,6 +52,11 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
     """
 
     supports_gradient_checkpointing = True
+    _hidden_states_field = "hidden_states"  # the output field whose last entry the head reads
+
+    @staticmethod
+    def _load_base(name_or_path: str, kwargs: dict | None) -> PreTrainedModel:
+        return load_causal_lm(name_or_path, kwargs)
 
     def __init__(
         self,
@@ -88,9 +93,9 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
             return pretrained_model_name_or_path
         is_path = isinstance(pretrained_model_name_or_path, (str, Path))
         if is_path and (Path(pretrained_model_name_or_path) / "adapter_config.json").is_file():
-            base = _load_peft(Path(pretrained_model_name_or_path), kwargs)
+            base = _load_peft(Path(pretrained_model_name_or_path), kwargs, cls._load_base)
         elif is_path:
-            base = load_causal_lm(str(pretrained_model_name_or_path), kwargs or None)
+            base = cls._load_base(str(pretrained_model_name_or_path), kwargs or None)
         else:
             base = pretrained_model_name_or_path
         if peft_config is not None:
@@ -136,7 +141,7 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         out = self.pretrained_model(
             input_ids=input_ids, past_key_values=past_key_values, attention_mask=attention_mask, **kw
         )
-        value = self.v_head(out.hidden_states[-1])
+        value = self.v_head(getattr(out, self._hidden_states_field)[-1])
         lm_logits = out.logits.float()
         if return_past_key_values:
             return lm_logits, out.loss, value, out.past_key_values
@@ -154,14 +159,31 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         self.v_head.load_state_dict(head)
 
 
-def _load_peft(folder: Path, kwargs: dict):
+class AutoModelForSeq2SeqLMWithValueHead(AutoModelForCausalLMWithValueHead):
+    """The seed's value head for encoder-decoder models (T5, BART, ...): ``pretrained_model`` is a
+    ``AutoModelForSeq2SeqLM`` and the head reads the decoder's last hidden state, one value per decoder position.
+
+    ``forward(input_ids, attention_mask, decoder_input_ids=..., ...)`` returns ``(lm_logits (B, T_dec, V) float32,
+    loss or None, value (B, T_dec))``; saving, loading (``v_head.*``) and PEFT as the causal class.
+    """
+
+    _hidden_states_field = "decoder_hidden_states"
+
+    @staticmethod
+    def _load_base(name_or_path: str, kwargs: dict | None) -> PreTrainedModel:
+        from transformers import AutoModelForSeq2SeqLM
+
+        return AutoModelForSeq2SeqLM.from_pretrained(name_or_path, **(kwargs or {}))
+
+
+def _load_peft(folder: Path, kwargs: dict, load_base=load_causal_lm):
     """A PEFT adapter folder (written by `save_pretrained` of a PEFT value-head model): base model + adapter,
     trainable."""
     try:
         from peft import PeftConfig, PeftModel
     except ImportError as err:
         raise ImportError(f"{folder} holds a PEFT adapter; loading it needs peft: pip install replayrl[peft]") from err
-    base = load_causal_lm(PeftConfig.from_pretrained(str(folder)).base_model_name_or_path, kwargs or None)
+    base = load_base(PeftConfig.from_pretrained(str(folder)).base_model_name_or_path, kwargs or None)
     return PeftModel.from_pretrained(base, str(folder), is_trainable=True)
 
 

@@ -68,7 +68,11 @@ class PPOTrainer(PPOSeedMethodsMixin):
         num_shared_layers: int | None = None,
         lr_scheduler=None,
     ):
-        from replayrl.models.value_head import AutoModelForCausalLMWithValueHead, create_reference_model
+        from replayrl.models.value_head import (
+            AutoModelForCausalLMWithValueHead,
+            AutoModelForSeq2SeqLMWithValueHead,
+            create_reference_model,
+        )
 
         self.config = config = config or PPOConfig()
         if model is None or tokenizer is None:
@@ -77,6 +81,11 @@ class PPOTrainer(PPOSeedMethodsMixin):
             model = AutoModelForCausalLMWithValueHead.from_pretrained(model)
         if not isinstance(model, AutoModelForCausalLMWithValueHead):
             raise ValueError(f"model is a {type(model).__name__}; pass an AutoModelForCausalLMWithValueHead.")
+        if isinstance(model, AutoModelForSeq2SeqLMWithValueHead):
+            raise ValueError(
+                "PPOTrainer trains decoder-only models; an encoder-decoder (AutoModelForSeq2SeqLMWithValueHead) is "
+                "not supported by its step. Use a causal LM with AutoModelForCausalLMWithValueHead."
+            )
         if ref_model is not None and num_shared_layers is not None:
             raise ValueError("num_shared_layers only applies when ref_model is None (the trainer builds it).")
         set_seed(config.seed)

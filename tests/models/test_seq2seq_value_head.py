@@ -1,0 +1,62 @@
+"""AutoModelForSeq2SeqLMWithValueHead (the seed's value head for encoder-decoders) on a tiny T5 built from a config."""
+
+import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM, T5Config, T5ForConditionalGeneration
+
+from replayrl import AutoModelForSeq2SeqLMWithValueHead, PPOConfig, PPOTrainer, create_reference_model
+
+ENC = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 1]])
+DEC = torch.tensor([[0, 12, 13], [0, 14, 15]])
+
+
+def tiny_t5(seed=0):
+    config = T5Config(
+        vocab_size=64, d_model=32, d_ff=64, d_kv=16, num_layers=1, num_decoder_layers=1, num_heads=2,
+        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return T5ForConditionalGeneration(config)
+
+
+def test_forward_values_are_the_head_on_the_decoder_states():
+    model = AutoModelForSeq2SeqLMWithValueHead.from_pretrained(tiny_t5(), v_head_init_strategy="normal").eval()
+    logits, loss, value = model(input_ids=ENC, attention_mask=torch.ones_like(ENC), decoder_input_ids=DEC)
+    assert logits.shape == (2, 3, 64) and logits.dtype == torch.float32 and loss is None
+    assert value.shape == (2, 3)  # one value per decoder position
+    out = model.pretrained_model(input_ids=ENC, decoder_input_ids=DEC, output_hidden_states=True)
+    torch.testing.assert_close(value, model.v_head.summary(out.decoder_hidden_states[-1]).squeeze(-1))
+    _, loss, _ = model(input_ids=ENC, labels=DEC)
+    assert loss is not None and loss.item() > 0
+
+
+def test_save_load_round_trip_and_plain_seq2seq_loading(tmp_path):
+    model = AutoModelForSeq2SeqLMWithValueHead.from_pretrained(tiny_t5(), v_head_init_strategy="normal").eval()
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForSeq2SeqLMWithValueHead.from_pretrained(str(tmp_path)).eval()
+    assert isinstance(loaded.pretrained_model, T5ForConditionalGeneration)
+    torch.testing.assert_close(loaded.v_head.summary.weight, model.v_head.summary.weight)
+    a = model(input_ids=ENC, decoder_input_ids=DEC)
+    b = loaded(input_ids=ENC, decoder_input_ids=DEC)
+    torch.testing.assert_close(a[0], b[0])
+    torch.testing.assert_close(a[2], b[2])
+    plain = AutoModelForSeq2SeqLM.from_pretrained(str(tmp_path))  # the head is ignored by a plain model
+    torch.testing.assert_close(plain(input_ids=ENC, decoder_input_ids=DEC).logits, a[0])
+
+
+def test_generate_and_reference_model():
+    model = AutoModelForSeq2SeqLMWithValueHead.from_pretrained(tiny_t5())
+    out = model.generate(input_ids=ENC, max_new_tokens=4, do_sample=False)
+    assert out.shape[0] == 2 and out.shape[1] <= 5 and (out[:, 0] == 0).all()  # starts with decoder_start
+    ref = create_reference_model(model)
+    assert all(not p.requires_grad for p in ref.parameters())
+    torch.testing.assert_close(
+        ref.eval()(input_ids=ENC, decoder_input_ids=DEC)[2], model.eval()(input_ids=ENC, decoder_input_ids=DEC)[2]
+    )
+
+
+def test_ppo_trainer_refuses_an_encoder_decoder_with_a_clear_error(tokenizer):
+    with pytest.raises(ValueError, match="decoder-only"):
+        PPOTrainer(
+            PPOConfig(batch_size=2, mini_batch_size=1), AutoModelForSeq2SeqLMWithValueHead(tiny_t5()), None, tokenizer
+        )
