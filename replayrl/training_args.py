@@ -19,3 +19,15 @@ class TrainingArguments(_HFTrainingArguments):
             "directory is refused unless resume_from_checkpoint is set."
         },
     )
+
+
+def trl_bf16_default(bf16: bool | None, fp16: bool, use_cpu: bool) -> bool:
+    """TRL's `bf16=None`: bf16 unless fp16 is set, but only where bf16 can run (a bf16-capable GPU, or use_cpu);
+    elsewhere (e.g. a CPU-only machine without use_cpu=True) transformers would refuse to start, so fp32."""
+    if bf16 is not None:
+        return bf16
+    if fp16:
+        return False
+    import torch
+
+    return use_cpu or (torch.cuda.is_available() and torch.cuda.is_bf16_supported())

@@ -56,11 +56,13 @@ class _Parser(RaisingParserMixin, HfArgumentParser):
     pass
 
 
-def parse_args(command: str, config_cls: type, builtin: dict[str, Any], argv: list[str]) -> tuple[Any, Any]:
-    """(ScriptArguments, config) from argv; `builtin` are the built-in job's settings, used only without a
+def parse_args(
+    command: str, config_cls: type, builtin: dict[str, Any], argv: list[str], script_cls: type = ScriptArguments
+) -> tuple[Any, Any]:
+    """(script arguments, config) from argv; `builtin` are the built-in job's settings, used only without a
     model and a dataset."""
     parser = _Parser(
-        (ScriptArguments, config_cls),
+        (script_cls, config_cls),
         prog=f"{PROG} {command}",
         usage=f"{PROG} {command} [-h] [--config RECIPE.yaml] [--<flag> VALUE ...]",
         description=f"Train with {config_cls.__name__.removesuffix('Config')}; writes the model, metrics.jsonl and "

@@ -394,7 +394,7 @@ class GRPOTrainer(
         if self.entropy_control.enabled:
             x.entropy_coef = self.entropy_control.applied()
             x.entropy_weights = 1.0 / self._entropy_denominator[mode]
-        objective = grpo_objective(self.args, x)
+        objective = self._objective(x)
         loss = objective.loss
         if self.aux_loss_enabled and aux is not None:
             steps = self.args.gradient_accumulation_steps if mode == "train" else 1
@@ -403,6 +403,10 @@ class GRPOTrainer(
         self._update_entropy_control(mode, entropy, objective)
         self._log_loss_metrics(mode, batch, logps, behaviour, entropy, objective)
         return loss
+
+    def _objective(self, x: Inputs):
+        """Hook: the micro-batch objective (`grpo.objective.Objective`). GRPO: the config's loss_type."""
+        return grpo_objective(self.args, x)
 
     def _behaviour_correction(self, batch: Rollout, current: Tensor, old: Tensor) -> tuple[Tensor, Tensor | None]:
         """Hook: the log-probs the ratio is taken against, and optional per-token importance weights.
