@@ -92,3 +92,14 @@ def launch_two_processes(worker: Path, out: Path, port: int, *args: str) -> dict
     proc = subprocess.run([*cmd, str(worker), str(out), *args], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return torch.load(out / "result.pt", weights_only=False)
+
+
+def full_and_resumed_logs(run, tmp_path: Path, steps: int = 4) -> list[tuple[dict, dict]]:
+    """Exact-resume check: `run(out, stop=..., resume=...)` trains `steps` optimizer steps saving every step and
+    returns its loss logs; with stop=True it must stop after step 1. Returns (full run, resumed run) log pairs of
+    steps 2..steps, after asserting the resumed run covers exactly those."""
+    full = run(tmp_path / "full")
+    run(tmp_path / "part", stop=True)
+    resumed = [h for h in run(tmp_path / "part", resume=str(tmp_path / "part" / "checkpoint-1")) if h["step"] > 1]
+    assert [h["step"] for h in resumed] == list(range(2, steps + 1))
+    return list(zip(full[1:], resumed))

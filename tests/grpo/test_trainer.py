@@ -7,7 +7,7 @@ import torch
 
 from replayrl import GRPOConfig, GRPOTrainer
 from replayrl.rewards.builtin import reward_len
-from tests.conftest import tiny_args
+from tests.conftest import full_and_resumed_logs, tiny_args
 
 
 def varied_reward(completions, **kwargs):
@@ -311,11 +311,8 @@ def test_resume_from_a_checkpoint_in_the_middle_of_a_generation_cycle(tokenizer,
         trainer.train(resume_from_checkpoint=resume)
         return [h for h in trainer.state.log_history if "loss" in h]
 
-    full = run(tmp_path / "full")
-    run(tmp_path / "part", stop=True)
-    resumed = [h for h in run(tmp_path / "part", resume=str(tmp_path / "part" / "checkpoint-1")) if h["step"] > 1]
-    assert [h["step"] for h in resumed] == [2, 3, 4]
-    for x, y in zip(full[1:], resumed):
+    pairs = full_and_resumed_logs(run, tmp_path)
+    for x, y in pairs:
         for k in ("loss", "grad_norm", "kl", "entropy"):
             assert y[k] == pytest.approx(x[k], rel=1e-4, abs=1e-6), (x["step"], k)
 
