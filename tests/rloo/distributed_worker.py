@@ -10,6 +10,7 @@ from accelerate.utils import gather_object
 
 from replayrl import RLOOConfig, RLOOTrainer
 from replayrl.models.tiny import build_tiny_model, build_tokenizer, prompt_dataset
+from tests.workers import shut_down
 
 
 def varied_reward(completions, **kwargs):
@@ -36,9 +37,4 @@ def main(out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # see tests/grpo/distributed_worker.py
+    shut_down()
