@@ -20,6 +20,7 @@ float32 log-probs; in float32 the numbers equal the plain ``log_softmax`` ones (
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -249,17 +250,66 @@ def token_logps_and_entropy(
     return stats.logps, stats.entropy
 
 
-def log_probs_at(logits: Tensor, sources: Tensor, targets: Tensor, rows: Tensor | None = None) -> Tensor:
+def log_probs_at(
+    logits: Tensor,
+    sources: Tensor,
+    targets: Tensor,
+    rows: Tensor | None = None,
+    *,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+) -> Tensor:
     """``log_softmax(logits)[rows[b], sources[b, t], targets[b, t]]``: log-probs of tokens whose predicting
     positions are not simply "the previous one" (e.g. prefix-shared rows, `replayrl.data.prefix_sharing`).
 
-    ``logits: (R, L, V)``, ``sources, targets: (B, T)``, ``rows: (B,)`` the logits row of each index row (None:
-    ``R == B``, row b) -> float32 ``(B, T)``. Chunk by chunk: no ``(B, T, V)`` copy of the logits is made, and a
-    position predicting several tokens gets the sum of their gradients.
+    ``logits: (R, L, V)`` (or with ``weight (V, H)``/``bias`` the hidden states ``(R, L, H)``), ``sources,
+    targets: (B, T)``, ``rows: (B,)`` the logits row of each index row (None: ``R == B``, row b) -> float32
+    ``(B, T)``. Chunk by chunk: no ``(B, T, V)`` copy of the logits is made, and a position predicting several
+    tokens gets the sum of their gradients.
     """
     if rows is None:
         rows = torch.arange(logits.shape[0], device=logits.device)
     index = (rows[:, None].expand_as(sources).reshape(-1), sources.reshape(-1))
-    chunk = default_chunk_size(logits.shape[-1])
-    logps, _, _ = _VocabChunks.apply(logits, None, None, index, targets.reshape(-1), 1.0, chunk, False, False)
+    chunk = default_chunk_size(logits.shape[-1] if weight is None else weight.shape[0])
+    logps, _, _ = _VocabChunks.apply(logits, weight, bias, index, targets.reshape(-1), 1.0, chunk, False, False)
     return logps.reshape(sources.shape)
+
+
+@torch.no_grad()
+def chunked_logit_reduce(
+    source: Tensor,
+    reduce: Callable[[Tensor], Tensor],
+    *,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    mask: Tensor | None = None,
+    chunk_size: int | None = None,
+) -> Tensor:
+    """``reduce`` over the float32 logits of each position, chunk by chunk, without gradient (metrics).
+
+    ``source``: logits ``(*S, V)`` or with ``weight (V, H)``/``bias`` hidden states ``(*S, H)``; ``reduce``: float32
+    ``(c, V) -> (c,)``; ``mask``: bool ``(*S)``, the positions to compute (None: all) -> float32 ``(*S)``, 0 elsewhere.
+    """
+    shape = source.shape[:-1]
+    if mask is None:
+        mask = torch.ones(shape, dtype=torch.bool, device=source.device)
+    index = mask.nonzero(as_tuple=True)
+    n = index[0].shape[0]
+    chunk = chunk_size or default_chunk_size(source.shape[-1] if weight is None else weight.shape[0])
+    values = torch.empty(n, dtype=_compute_dtype(source), device=source.device)
+    for start in range(0, n, chunk):
+        sl = slice(start, start + chunk)
+        values[sl] = reduce(_chunk_logits(source, weight, bias, index, sl, 1.0))
+    return torch.zeros(shape, dtype=values.dtype, device=values.device).index_put(index, values)
+
+
+@torch.no_grad()
+def mean_logits(
+    source: Tensor, *, weight: Tensor | None = None, bias: Tensor | None = None, mask: Tensor | None = None
+) -> Tensor:
+    """Mean over the vocabulary of each position's logits, float32 ``(*S)``, no gradient. From hidden states it is
+    ``hidden @ weight.mean(0) + bias.mean()`` (the mean of a linear map): no pass over the vocabulary at all."""
+    if weight is None:
+        return chunked_logit_reduce(source, lambda z: z.mean(-1), mask=mask)
+    out = source.float() @ weight.float().mean(0) + (bias.float().mean() if bias is not None else 0.0)
+    return out if mask is None else out * mask

@@ -18,10 +18,9 @@ from collections import defaultdict
 import torch
 from torch import Tensor
 
-from replayrl.algos.logprobs import log_probs_at, selective_log_softmax
-from replayrl.algos.preference import wpo_token_terms
 from replayrl.data.prefix_sharing import SIDES, SharedPrefixRows, completion_targets
 from replayrl.models.attention import attention_mask_for, base_model, mask_kind
+from replayrl.models.lm_head import HeadInput, forward_to_head
 
 
 def padded_sums(
@@ -33,10 +32,10 @@ def padded_sums(
     first = int(completion.float().argmax(1)[completion.any(1)].min()) if completion.any() else 1
     start = max(first - 1, 0)
     kwargs = {"logits_to_keep": ids.shape[1] - start} if _accepts_logits_to_keep(model) else {}
-    logits = model(input_ids=ids, attention_mask=mask, use_cache=False, **kwargs).logits
-    logits = logits[:, -(ids.shape[1] - start) :][:, :-1]
+    _, head = forward_to_head(model, input_ids=ids, attention_mask=mask, use_cache=False, **kwargs)
+    head = head.positions(slice(-(ids.shape[1] - start), -1))
     targets, target_mask = labels[:, start + 1 :], completion[:, start + 1 :]
-    return _token_sums(logits, targets, target_mask, None, ids.shape[0], with_logits, with_wpo)
+    return _token_sums(head, targets, target_mask, None, ids.shape[0], with_logits, with_wpo)
 
 
 def shared_sums(
@@ -54,15 +53,15 @@ def shared_sums(
     width = rows.input_ids.shape[1]
     kwargs = {"logits_to_keep": width - start} if _accepts_logits_to_keep(model) else {}
     mask = attention_mask_for(model, rows.attention_allowed())
-    logits = model(
-        input_ids=rows.input_ids, attention_mask=mask, position_ids=rows.position_ids, use_cache=False, **kwargs
-    ).logits
-    logits = logits[:, -(width - start) :]
-    position_terms = _position_terms(logits, with_logits, with_wpo)
+    _, head = forward_to_head(
+        model, input_ids=rows.input_ids, attention_mask=mask, position_ids=rows.position_ids, use_cache=False, **kwargs
+    )
+    head = head.positions(slice(-(width - start), None))
+    position_terms = _position_terms(head, with_logits, with_wpo)
     parts: dict[str, list[Tensor]] = defaultdict(list)
     for targets, sources, mask_t in sides.values():
         src = (sources - start).clamp(min=0)
-        logps = log_probs_at(logits, src, targets, rows.row_of_pair) * mask_t
+        logps = head.logps_at(src, targets, rows.row_of_pair) * mask_t
         parts["logps"].append(logps.sum(1))
         count = mask_t.sum(1)
         parts["lengths"].append(count)
@@ -89,21 +88,27 @@ def packed_sums(
     if mask_kind(model) is not None:
         allowed = (seg[:, None] == seg[None, :]) & torch.ones(len(seg), len(seg), dtype=torch.bool).tril()
         kwargs["attention_mask"] = attention_mask_for(model, allowed.to(ids.device)[None, None])
-    logits = model(input_ids=flat_ids.unsqueeze(0), use_cache=False, **kwargs).logits[:, :-1]
+    _, head = forward_to_head(model, input_ids=flat_ids.unsqueeze(0), use_cache=False, **kwargs)
     targets = flat_labels[1:].unsqueeze(0)
     target_mask = targets != label_pad_token_id
-    return _token_sums(logits, targets, target_mask, seg[1:], len(lengths), with_logits, with_wpo)
+    return _token_sums(
+        head.positions(slice(None, -1)), targets, target_mask, seg[1:], len(lengths), with_logits, with_wpo
+    )
 
 
-def _position_terms(logits: Tensor, with_logits: bool, with_wpo: bool) -> dict[str, Tensor]:
+def _position_terms(head: HeadInput, with_logits: bool, with_wpo: bool) -> dict[str, Tensor]:
     """Per-position metric terms (B, L), no grad: the mean logit, and WPO's -log sum_v p(v)^2."""
     if not with_logits:
         return {}
-    with torch.no_grad():
-        terms = {"logits": torch.stack([row.float().mean(-1) for row in logits])}
-        if with_wpo:
-            terms["wpo"] = torch.stack([-torch.logsumexp(2 * torch.log_softmax(r.float(), -1), -1) for r in logits])
+    terms = {"logits": head.mean_logits()}
+    if with_wpo:
+        terms["wpo"] = head.reduce(wpo_log_norm)
     return terms
+
+
+def wpo_log_norm(logits: Tensor) -> Tensor:
+    """WPO's per-position ``-log sum_v p(v)^2`` (arXiv:2406.11827, Eq. 3) of float32 logits ``(c, V)`` -> ``(c,)``."""
+    return -torch.logsumexp(2 * torch.log_softmax(logits, -1), -1)
 
 
 def _accepts_logits_to_keep(model) -> bool:
@@ -111,7 +116,7 @@ def _accepts_logits_to_keep(model) -> bool:
 
 
 def _token_sums(
-    logits: Tensor,
+    head: HeadInput,
     targets: Tensor,
     target_mask: Tensor,
     segments: Tensor | None,
@@ -119,7 +124,7 @@ def _token_sums(
     with_logits: bool,
     with_wpo: bool,
 ) -> dict[str, Tensor]:
-    """Per-sequence sums over completion tokens. logits (R', T, V) aligned with targets/target_mask (R', T);
+    """Per-sequence sums over completion tokens. `head` (R', T, H or V) aligned with targets/target_mask (R', T);
     `segments` (T,) maps the tokens of a packed row (R' = 1) to their sequence, None when R' == num_rows.
     Returns logps, lengths (and logits = mean logit, wpo = WPO log-weight), each (num_rows,)."""
 
@@ -129,12 +134,14 @@ def _token_sums(
             return values.sum(1)
         return torch.zeros(num_rows, dtype=values.dtype, device=values.device).index_add(0, segments, values[0])
 
-    out = {"logps": per_row(selective_log_softmax(logits, targets.clamp(min=0)))}
+    token_logps = head.token_stats(targets.clamp(min=0), mask=target_mask).logps
+    out = {"logps": per_row(token_logps)}
     out["lengths"] = per_row(torch.ones_like(targets, dtype=out["logps"].dtype)).round().long()
     if with_logits:
         with torch.no_grad():
             count = out["lengths"].clamp(min=1)
-            out["logits"] = per_row(logits.detach().float().mean(-1)) / count
+            out["logits"] = per_row(head.mean_logits(target_mask)) / count
             if with_wpo:
-                out["wpo"] = per_row(wpo_token_terms(logits.detach(), targets.clamp(min=0))) / count
+                wpo = token_logps.detach() + head.reduce(wpo_log_norm, target_mask)
+                out["wpo"] = per_row(wpo) / count
     return out

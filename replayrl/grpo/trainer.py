@@ -43,6 +43,7 @@ from replayrl.grpo.sampler import RepeatSampler
 from replayrl.grpo.streaming import StreamingDataMixin
 from replayrl.grpo.tools import ToolCallingMixin, tools_by_name
 from replayrl.metrics.callback import attach_metrics_file
+from replayrl.models.lm_head import forward_to_head
 from replayrl.models.loading import load_causal_lm
 from replayrl.models.reference import SyncRefModelCallback
 from replayrl.rewards.functions import RewardFunctions
@@ -354,7 +355,8 @@ class GRPOTrainer(
 
     def _token_logps(self, model, rollout: Rollout, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Per-token log-probs (N, C) of the completion tokens (and entropies) at the sampling temperature.
-        Only the completion positions' logits are computed (`logits_to_keep`)."""
+        Only the completion positions are computed (`logits_to_keep`), the lm_head chunk by chunk
+        (`replayrl.models.lm_head`): no full-vocabulary logits are formed."""
         logps, entropy, _ = self._policy_forward(model, rollout, with_entropy)
         return logps, entropy
 
@@ -363,12 +365,14 @@ class GRPOTrainer(
         input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
         attention_mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
         width = rollout.completion_ids.shape[1]
-        out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=width + 1)
-        logits = out.logits[:, :-1]  # logits at position t predict token t + 1
-        logps, entropy = algos.token_logps_and_entropy(
-            logits, rollout.completion_ids, self.args.temperature, with_entropy, entropy_grad
+        out, head = forward_to_head(model, input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=width + 1)
+        stats = head.positions(slice(None, -1)).token_stats(  # position t predicts token t + 1
+            rollout.completion_ids,
+            temperature=self.args.temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
         )
-        return logps, entropy, getattr(out, "aux_loss", None)
+        return stats.logps, stats.entropy, getattr(out, "aux_loss", None)
 
     # ----------------------------------------------------------------------------------------- loss
     def compute_loss(self, model, inputs: Rollout, return_outputs=False, num_items_in_batch=None):

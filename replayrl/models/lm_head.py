@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from torch import Tensor, nn
 
-from replayrl.algos.logprobs import TokenStats, chunked_token_stats
+from replayrl.algos.logprobs import TokenStats, chunked_logit_reduce, chunked_token_stats, log_probs_at, mean_logits
 from replayrl.models.attention import base_model
 
 # Families whose logits are exactly ``lm_head(hidden)`` (no scaling, soft-capping or extra terms after it).
@@ -52,6 +52,18 @@ class HeadInput(NamedTuple):
         """`chunked_token_stats` of ``targets (B, L)`` (keywords: mask, temperature, with_entropy, ...)."""
         return chunked_token_stats(self.source, targets, weight=self.weight, bias=self.bias, **kwargs)
 
+    def logps_at(self, sources: Tensor, targets: Tensor, rows: Tensor | None = None) -> Tensor:
+        """`log_probs_at`: log-probs of ``targets (B, T)`` predicted at ``source[rows[b], sources[b, t]]``."""
+        return log_probs_at(self.source, sources, targets, rows, weight=self.weight, bias=self.bias)
+
+    def reduce(self, fn, mask: Tensor | None = None) -> Tensor:
+        """`chunked_logit_reduce`: ``fn`` (float32 ``(c, V) -> (c,)``) over each position's logits, no gradient."""
+        return chunked_logit_reduce(self.source, fn, weight=self.weight, bias=self.bias, mask=mask)
+
+    def mean_logits(self, mask: Tensor | None = None) -> Tensor:
+        """`mean_logits`: each position's mean logit, float32 ``(B, L)``, no gradient."""
+        return mean_logits(self.source, weight=self.weight, bias=self.bias, mask=mask)
+
     def positions(self, index) -> HeadInput:
         """The same head over ``source[:, index]`` (e.g. ``slice(None, -1)``: logits at t predict token t + 1)."""
         return HeadInput(self.source[:, index], self.weight, self.bias)
@@ -60,6 +72,8 @@ class HeadInput(NamedTuple):
 def fused_head(model) -> nn.Linear | None:
     """The model's lm_head when the fused path gives exactly its logits, else None."""
     base = base_model(model)
+    if hasattr(base, "pretrained_model") and hasattr(base, "v_head"):  # value-head wrapper: the LM inside it
+        base = base_model(base.pretrained_model)
     config = getattr(base, "config", None)
     if getattr(config, "model_type", None) not in FUSED_HEAD_MODEL_TYPES:
         return None
@@ -81,12 +95,12 @@ def forward_to_head(model, fused: bool = True, **inputs) -> tuple[object, HeadIn
 
     With ``fused`` and a `fused_head`, the returned outputs carry empty logits ``(B, 0, V)`` and the head input is
     the hidden states at the positions the logits would have had (``logits_to_keep`` applies); otherwise it is
-    ``outputs.logits``.
+    ``outputs.logits`` (``outputs[0]`` for a value-head wrapper's tuple).
     """
     head = fused_head(model) if fused else None
     if head is None:
         outputs = model(**inputs)
-        return outputs, HeadInput(outputs.logits)
+        return outputs, HeadInput(outputs[0] if isinstance(outputs, tuple) else outputs.logits)
     captured: list[Tensor] = []
 
     def keep_input(module, args):

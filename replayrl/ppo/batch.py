@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from replayrl.algos.logprobs import entropy_from_logits, selective_log_softmax
+from replayrl.models.lm_head import forward_to_head
 
 
 @dataclass
@@ -94,25 +94,26 @@ def forward(
     """One forward pass of ``model`` (value-head wrapper: values too; plain LM: values None) over ``batch``.
 
     Logits are divided by the sampling ``temperature`` (arXiv:2403.17031) so the log-probs are those of the
-    distribution the responses were sampled from.
+    distribution the responses were sampled from. The lm_head is applied chunk by chunk to the response positions
+    (`replayrl.models.lm_head`); only ``full_logprobs`` and ``keep_logits`` form full-vocabulary tensors.
     """
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
-    logits, values = (out[0], out[2]) if isinstance(out, tuple) else (out.logits, None)
+    out, head = forward_to_head(
+        model, input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+    )
+    values = out[2] if isinstance(out, tuple) else None
     start, width = batch.query_width - 1, batch.response_mask.shape[1]
-    logits = logits[:, start : start + width].float()
-    if temperature != 1.0:
-        logits = logits / temperature
+    head = head.positions(slice(start, start + width))
     targets = batch.input_ids[:, start + 1 : start + 1 + width]
-    result = ForwardOutput(selective_log_softmax(logits, targets), None)
+    stats = head.token_stats(targets, temperature=temperature, with_entropy=entropy)
+    result = ForwardOutput(stats.logps, None, entropy=stats.entropy)
     if values is not None:
         result.values = values[:, start : start + width]
-    if full_logprobs:
-        result.full_logprobs = F.log_softmax(logits, dim=-1)
-    if entropy:
-        with torch.no_grad():
-            result.entropy = entropy_from_logits(logits.detach())
-    if keep_logits:
-        result.logits = logits
+    if full_logprobs or keep_logits:  # the exact-KL option and the seed's `loss(..., logits, ...)` hook ask for them
+        with torch.set_grad_enabled(torch.is_grad_enabled() and full_logprobs):  # the hook's logits: a stat only
+            logits = head.source if head.weight is None else F.linear(head.source, head.weight, head.bias)
+            logits = logits.float() / temperature
+        result.full_logprobs = F.log_softmax(logits, dim=-1) if full_logprobs else None
+        result.logits = logits if keep_logits else None
     return result
 
 
