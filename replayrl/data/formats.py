@@ -65,9 +65,10 @@ def detect_format(columns: list[str], example: dict | None, dataset_text_field: 
 
 
 def dataset_format(dataset, dataset_text_field: str = "text") -> DatasetFormat:
-    """`detect_format` for a `datasets.Dataset` (or anything with `column_names` and indexing)."""
-    example = dataset[0] if len(dataset) else None
-    return detect_format(list(dataset.column_names), example, dataset_text_field)
+    """`detect_format` for a `datasets.Dataset` or `IterableDataset` (read up to its first example)."""
+    from replayrl.data.streaming import column_names, first_row
+
+    return detect_format(column_names(dataset), first_row(dataset), dataset_text_field)
 
 
 def check_sft_format(fmt: DatasetFormat, assistant_only_loss: bool = False) -> None:

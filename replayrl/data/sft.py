@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from replayrl.data.formats import DatasetFormat
+from replayrl.data.streaming import column_names, first_row, map_options
 
 logger = logging.getLogger(__name__)
 GENERATION_MARK = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -154,7 +155,7 @@ def apply_formatting_func(dataset, formatting_func, num_proc: int | None, text_f
     A function that returns a list for one example is taken as the batched (seed) kind and called on
     batches instead. The result is a dataset with one column, `text_field`.
     """
-    first = formatting_func(dataset[0])
+    first = formatting_func(first_row(dataset))
     batched = isinstance(first, list)
     if not batched and not isinstance(first, str):
         raise ValueError(f"formatting_func must return a str (or, batched, a list of str); got {type(first).__name__}")
@@ -162,7 +163,8 @@ def apply_formatting_func(dataset, formatting_func, num_proc: int | None, text_f
     def run(batch_or_row):
         return {text_field: formatting_func(batch_or_row)}
 
-    return dataset.map(run, batched=batched, num_proc=num_proc, remove_columns=dataset.column_names)
+    options = map_options(dataset, num_proc)
+    return dataset.map(run, batched=batched, remove_columns=column_names(dataset), **options)
 
 
 def _tokenize_one(example: dict, index: int, tokenizer, fmt, settings, completion_only_loss: bool, truncate: bool):
@@ -213,9 +215,8 @@ def prepare_sft_dataset(
             completion_only_loss=completion_only_loss,
             truncate=truncate,
         ),
-        remove_columns=dataset.column_names,
-        num_proc=num_proc,
-        desc="Tokenizing",
+        remove_columns=column_names(dataset),
+        **map_options(dataset, num_proc, "Tokenizing"),
     )
     if not packing:
         return tokenized

@@ -30,6 +30,7 @@ from replayrl.algos.preference import PairLogps, dpo_losses, implicit_rewards, w
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.preference import DPODataCollator, dataset_kind, tokenize_dpo_row
 from replayrl.data.prefix_sharing import SIDES, SharedPrefixRows, share_prefixes_for
+from replayrl.data.streaming import column_names, is_streaming, map_options, prepare_streaming_training
 from replayrl.dpo.config import DPOConfig
 from replayrl.dpo.sequence_logps import packed_sums, padded_sums, shared_sums
 from replayrl.metrics.callback import attach_metrics_file
@@ -88,6 +89,13 @@ class DPOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         processing_class = processing_class or tokenizer or AutoTokenizer.from_pretrained(model_id)
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
+        prepare_streaming_training(args, train_dataset, "DPOTrainer")
+        if args.precompute_ref_log_probs and is_streaming(train_dataset):
+            raise ValueError(
+                "precompute_ref_log_probs=True scores the whole train_dataset up front, which a streaming "
+                "(IterableDataset) dataset cannot offer: set precompute_ref_log_probs=False (the reference model "
+                "then scores each batch), or load the dataset without streaming=True."
+            )
         model, ref_model = self._load_models(model, ref_model, args, peft_config)
         self.is_peft_model = is_peft_model(model)
         with PartialState().main_process_first():
@@ -170,7 +178,8 @@ class DPOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
             return None
         if isinstance(dataset, dict):
             return {k: DPOTrainer._tokenize(v, f"{name}[{k!r}]", tokenizer, args) for k, v in dataset.items()}
-        if dataset_kind(dataset.column_names, name) == "tokenized":
+        columns = column_names(dataset)
+        if dataset_kind(columns, name) == "tokenized":
             return dataset
         keep = {"ref_chosen_logps", "ref_rejected_logps"}
         return dataset.map(
@@ -180,9 +189,8 @@ class DPOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
                 "max_prompt_length": args.max_prompt_length,
                 "max_completion_length": args.max_completion_length,
             },
-            remove_columns=[c for c in dataset.column_names if c not in keep],
-            num_proc=args.dataset_num_proc,
-            desc=f"Tokenizing {name}",
+            remove_columns=[c for c in columns if c not in keep],
+            **map_options(dataset, args.dataset_num_proc, f"Tokenizing {name}"),
         )
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
@@ -230,7 +238,7 @@ class DPOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         self.ref_model = None
 
     def _with_ref_columns(self, dataset):
-        if dataset is None or "ref_chosen_logps" in dataset.column_names:
+        if dataset is None or "ref_chosen_logps" in column_names(dataset):
             return dataset
         released = getattr(self, "_released_reference", None)
         if not self.is_peft_model and (released == "ref_model" or (released and self.state.global_step > 0)):

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Iterator
 
 from torch.utils.data import IterableDataset as TorchIterableDataset
 
+from replayrl.data.streaming import is_streaming
+
 
 class RepeatIterable(TorchIterableDataset):
     """Yields the rows of ``source`` as `RepeatSampler` yields indices: ``chunk_size`` unique rows per chunk, each
@@ -42,17 +44,6 @@ class RepeatIterable(TorchIterableDataset):
             for row in chunk:
                 for _ in range(self.mini_repeat_count):
                     yield row
-
-
-def is_streaming(dataset) -> bool:
-    """A dataset without random access: `datasets.IterableDataset` or a torch IterableDataset."""
-    if isinstance(dataset, TorchIterableDataset):
-        return True
-    try:
-        import datasets
-    except ImportError:  # pragma: no cover - datasets is a core dependency
-        return False
-    return isinstance(dataset, datasets.IterableDataset)
 
 
 class StreamingDataMixin:

@@ -31,6 +31,7 @@ from replayrl.algos.preference import bradley_terry_loss, pairwise_accuracy
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.preference import RewardDataCollatorWithPadding, dataset_kind, tokenize_reward_row
 from replayrl.data.prefix_sharing import SIDES, SharedPrefixRows, share_prefixes_for
+from replayrl.data.streaming import column_names, is_streaming, map_options, prepare_streaming_training
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.attention import attention_mask_for, base_model
 from replayrl.reward.config import RewardConfig
@@ -109,6 +110,7 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         args = args if args is not None else RewardConfig(output_dir=f"{model_id.split('/')[-1]}-Reward")
         if max_length is not None:
             args.max_length = max_length
+        prepare_streaming_training(args, train_dataset, "RewardTrainer")
         model = _load_reward_model(model, args.model_init_kwargs)
         if getattr(model.config, "num_labels", 1) != 1:
             raise ValueError(f"the reward model must have num_labels=1 (got {model.config.num_labels}).")
@@ -150,27 +152,35 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
             return None
         if isinstance(dataset, dict):
             return {k: RewardTrainer._prepare(v, f"{name}[{k!r}]", tokenizer, args) for k, v in dataset.items()}
-        if dataset_kind(dataset.column_names, name, allow_pretokenized=True) == "preference":
+        columns = column_names(dataset)
+        if dataset_kind(columns, name, allow_pretokenized=True) == "preference":
             if tokenizer is None:
                 raise ValueError(f"{name} holds text: pass processing_class (the tokenizer) to tokenise it.")
             dataset = dataset.map(
                 tokenize_reward_row,
                 fn_kwargs={"tokenizer": tokenizer, "append_eos": args.append_eos},
-                remove_columns=[c for c in dataset.column_names if c != "margin"],
-                num_proc=args.dataset_num_proc,
-                desc=f"Tokenizing {name}",
+                remove_columns=[c for c in columns if c != "margin"],
+                **map_options(dataset, args.dataset_num_proc, f"Tokenizing {name}"),
             )
         if args.max_length is not None:
-            n = len(dataset)
-            limit = args.max_length
-            dataset = dataset.filter(
-                lambda x: len(x["input_ids_chosen"]) <= limit and len(x["input_ids_rejected"]) <= limit,
-                desc=f"Dropping {name} pairs longer than max_length",
-            )
-            if len(dataset) == 0:
-                raise ValueError(f"every pair of {name} is longer than max_length={limit}: raise max_length.")
-            if len(dataset) < n:
-                logger.warning("%s: dropped %d of %d pairs longer than max_length=%d", name, n - len(dataset), n, limit)
+            dataset = RewardTrainer._drop_long_pairs(dataset, name, args.max_length)
+        return dataset
+
+    @staticmethod
+    def _drop_long_pairs(dataset, name: str, limit: int):
+        """Pairs longer than `limit` are dropped (a streaming dataset: lazily, without the count)."""
+
+        def fits(x):
+            return len(x["input_ids_chosen"]) <= limit and len(x["input_ids_rejected"]) <= limit
+
+        if is_streaming(dataset):
+            return dataset.filter(fits)
+        n = len(dataset)
+        dataset = dataset.filter(fits, desc=f"Dropping {name} pairs longer than max_length")
+        if len(dataset) == 0:
+            raise ValueError(f"every pair of {name} is longer than max_length={limit}: raise max_length.")
+        if len(dataset) < n:
+            logger.warning("%s: dropped %d of %d pairs longer than max_length=%d", name, n - len(dataset), n, limit)
         return dataset
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):

@@ -35,6 +35,7 @@ from replayrl.data.sft import (
     prepare_sft_dataset,
     resolve_eos_token_id,
 )
+from replayrl.data.streaming import first_row, is_streaming, prepare_streaming_training
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.lm_head import forward_to_head
 from replayrl.models.loading import load_causal_lm
@@ -90,6 +91,7 @@ class SFTTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
 
             model = get_peft_model(model, peft_config)
         self._eos_token_id = resolve_eos_token_id(processing_class, args.eos_token)
+        prepare_streaming_training(args, train_dataset, "SFTTrainer")
         train_dataset = self._prepare(train_dataset, processing_class, args, formatting_func, args.packing)
         eval_dataset = self._prepare_eval(eval_dataset, processing_class, args, formatting_func)
         if data_collator is None:
@@ -157,13 +159,19 @@ class SFTTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         """Format check, tokenisation, truncation and packing of one dataset (None passes through)."""
         if dataset is None or (args.dataset_kwargs or {}).get("skip_prepare_dataset"):
             return dataset
-        if not hasattr(dataset, "column_names") or not hasattr(dataset, "__len__"):
+        streaming = is_streaming(dataset)
+        if not streaming and (not hasattr(dataset, "column_names") or not hasattr(dataset, "__len__")):
             raise ValueError(
-                f"Expected a datasets.Dataset, got {type(dataset).__name__}; streaming (IterableDataset) datasets are "
-                "not supported: load the split without streaming=True."
+                f"Expected a datasets.Dataset or datasets.IterableDataset, got {type(dataset).__name__}; build one "
+                "with Dataset.from_list / load_dataset."
             )
-        if len(dataset) == 0:
+        if first_row(dataset) is None:
             raise ValueError("The dataset is empty: SFT needs at least one row.")
+        if streaming and packing:
+            raise ValueError(
+                "packing=True needs a map-style dataset (rows are packed over the whole dataset); a streaming "
+                "(IterableDataset) one is trained unpacked: set packing=False, or load it without streaming=True."
+            )
         if formatting_func is not None:
             dataset = apply_formatting_func(dataset, formatting_func, args.dataset_num_proc, args.dataset_text_field)
         fmt = dataset_format(dataset, args.dataset_text_field)

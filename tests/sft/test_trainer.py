@@ -197,8 +197,8 @@ def test_bad_input_errors(tmp_path):
         SFTTrainer(model, sft_args(tmp_path), train_dataset=addition_dataset(), tokenizer=tok, bogus=True)
     with pytest.warns(UserWarning, match="ignores the seed's ConstantLengthDataset arguments \\['infinite'\\]"):
         SFTTrainer(model, sft_args(tmp_path), train_dataset=addition_dataset(), tokenizer=tok, infinite=True)
-    with pytest.raises(ValueError, match="streaming \\(IterableDataset\\) datasets are not supported"):
-        SFTTrainer(model, sft_args(tmp_path), train_dataset=addition_dataset().to_iterable_dataset(), tokenizer=tok)
+    with pytest.raises(ValueError, match="Expected a datasets.Dataset or datasets.IterableDataset, got list"):
+        SFTTrainer(model, sft_args(tmp_path), train_dataset=[{"text": "a"}], tokenizer=tok)
     with pytest.raises(ValueError, match="loss_type='mse'"):
         sft_args(tmp_path, loss_type="mse")
     with pytest.raises(ValueError, match="packing=True needs max_length"):
