@@ -1,8 +1,8 @@
 """PPO with a value head for language models (arXiv:1707.06347; RLHF as in arXiv:1909.08593), pure tensor math.
 
-The layout follows TRL v0.7's `PPOTrainer` (the seed): rewards are per response token, ``-beta * KL_t`` at every
+The layout follows TRL v0.7.1's `PPOTrainer`: rewards are per response token, ``-beta * KL_t`` at every
 token plus the scalar score on the last one; advantages come from GAE (arXiv:1506.02438) over the response tokens,
-whitened; the loss is the clipped surrogate plus a clipped value loss. Implementation choices where the seed is
+whitened; the loss is the clipped surrogate plus a clipped value loss. Implementation choices where TRL v0.7.1 is
 silent follow "The N+ Implementation Details of RLHF with PPO" (arXiv:2403.17031); see docs/ppo.md.
 
 Every tensor here is ``(B, T)`` over response tokens with a 0/1 ``mask`` of the same shape, unless stated.
@@ -31,7 +31,7 @@ def masked_mean(values: Tensor, mask: Tensor, axis: int | None = None) -> Tensor
 
 
 def masked_var(values: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
-    """Variance of ``values`` where ``mask`` is 1, with Bessel's correction n / (n - 1) as in the seed.
+    """Variance of ``values`` where ``mask`` is 1, with Bessel's correction n / (n - 1) as in TRL v0.7.1.
 
     Raises ValueError for an empty mask, and (unbiased) for a single element, where the variance is undefined.
     """
@@ -183,7 +183,7 @@ def token_rewards(scores: Tensor, kl: Tensor, kl_coef: float, mask: Tensor) -> t
 
 
 def gae_reference(values: Tensor, rewards: Tensor, mask: Tensor, gamma: float, lam: float) -> Tensor:
-    """GAE advantages, the obviously-correct loop (the seed's): ``delta_t = r_t + gamma V_{t+1} - V_t``,
+    """GAE advantages, the obviously-correct loop (TRL v0.7.1's): ``delta_t = r_t + gamma V_{t+1} - V_t``,
     ``A_t = delta_t + gamma lam A_{t+1}``, with ``V_T = 0`` and values/rewards zeroed where ``mask`` is 0."""
     values, rewards = values * mask, rewards * mask
     length = rewards.shape[-1]
@@ -218,7 +218,7 @@ def advantages_and_returns(
     values: Tensor, rewards: Tensor, mask: Tensor, gamma: float, lam: float, whiten: bool = True, reduce_sum=None
 ) -> tuple[Tensor, Tensor]:
     """``(advantages, returns)``, both ``(B, T)`` and detached: returns = raw GAE + values (the value target);
-    advantages whitened over the batch's unmasked tokens (as the seed; ``reduce_sum``: see `masked_whiten`)."""
+    advantages whitened over the batch's unmasked tokens (as TRL v0.7.1; ``reduce_sum``: see `masked_whiten`)."""
     advantages = gae(values, rewards, mask, gamma, lam)
     returns = advantages + values * mask.to(values.dtype)
     if whiten:

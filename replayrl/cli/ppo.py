@@ -79,7 +79,7 @@ def parse_ppo_args(argv: list[str]):
     parser = Parser(
         (ScriptArguments, PPOConfig),
         prog=f"{PROG} ppo",
-        description="Train with PPO and a value head (the seed's PPOTrainer, managed loop).",
+        description="Train with PPO and a value head (TRL v0.7.1's PPOTrainer, managed loop).",
         epilog=f"examples:\n  {PROG} ppo                          # built-in offline job, ~1 min of CPU time\n"
         f"  {PROG} ppo --model_name_or_path ./m --dataset_name d.jsonl --reward_funcs exact_match",
         formatter_class=HelpFormatter,

@@ -5,7 +5,7 @@ Accepted rows (TRL's formats), standard (strings) or conversational (lists of {"
   - implicit prompt: `chosen`, `rejected` only, each the whole text/conversation; the prompt is their common
     prefix (`extract_prompt`);
   - optional `margin` (float): the reward trainer subtracts it inside the Bradley-Terry loss;
-  - reward trainer only, the seed's pre-tokenized columns `input_ids_chosen`, `attention_mask_chosen`,
+  - reward trainer only, TRL v0.7.1's pre-tokenized columns `input_ids_chosen`, `attention_mask_chosen`,
     `input_ids_rejected`, `attention_mask_rejected`, used as they are.
 Conversational rows go through the tokenizer's chat template. DPO completions get EOS appended once; reward
 sequences only with `append_eos=True` (see `tokenize_reward_row`).
@@ -26,7 +26,7 @@ PRETOKENIZED_COLUMNS = ("input_ids_chosen", "attention_mask_chosen", "input_ids_
 
 
 def dataset_kind(columns: Sequence[str], name: str = "dataset", allow_pretokenized: bool = False) -> str:
-    """'pretokenized' (seed's reward columns), 'tokenized' (our own DPO columns) or 'preference'; else a
+    """'pretokenized' (TRL v0.7.1's reward columns), 'tokenized' (our own DPO columns) or 'preference'; else a
     ValueError naming the columns found and the ones expected."""
     columns = list(columns)
     if allow_pretokenized and "input_ids_chosen" in columns and "input_ids_rejected" in columns:
@@ -107,8 +107,8 @@ def tokenize_dpo_row(
 
 
 def tokenize_reward_row(example: dict, tokenizer, append_eos: bool = False) -> dict:
-    """The seed's columns: whole sequences (prompt + completion, + EOS if `append_eos`) for chosen and rejected,
-    with masks. `prompt` is optional: without it chosen/rejected are the whole texts or conversations.
+    """TRL v0.7.1's reward columns: whole sequences (prompt + completion, + EOS if `append_eos`) for chosen and
+    rejected, with masks. `prompt` is optional: without it chosen/rejected are the whole texts or conversations.
     EOS is off by default because GRPO scores `prompt + completion` text decoded without special tokens: a
     model trained on sequences ending in EOS would be read at a different position there."""
     out = {}
@@ -157,7 +157,7 @@ def pad(rows: list[list], value, side: str = "right", dtype=torch.long) -> Tenso
 
 
 class DPODataCollator:
-    """Tokenized DPO rows -> the seed's batch: `chosen_input_ids`, `chosen_attention_mask`, `chosen_labels`
+    """Tokenized DPO rows -> TRL v0.7.1's DPO batch: `chosen_input_ids`, `chosen_attention_mask`, `chosen_labels`
     (prompt + completion, right-padded; labels are `label_pad_token_id` on the prompt and padding), the same
     for `rejected_*`, and `ref_chosen_logps` / `ref_rejected_logps` (B,) when the rows carry them."""
 

@@ -150,9 +150,9 @@ def trained_mask(row: dict, completion_only_loss: bool, assistant_only_loss: boo
 
 
 def apply_formatting_func(dataset, formatting_func, num_proc: int | None, text_field: str = "text"):
-    """`formatting_func(example) -> str` (current TRL) or the seed's `formatting_func(batch) -> list[str]`.
+    """`formatting_func(example) -> str` (current TRL) or TRL v0.7.1's `formatting_func(batch) -> list[str]`.
 
-    A function that returns a list for one example is taken as the batched (seed) kind and called on
+    A function that returns a list for one example is taken as the batched (TRL v0.7.1) kind and called on
     batches instead. The result is a dataset with one column, `text_field`.
     """
     first = formatting_func(first_row(dataset))

@@ -1,4 +1,4 @@
-"""`DDPOConfig`: the seed's (TRL 0.7) DDPO parameters, names and defaults, with the batch arithmetic checked once.
+"""`DDPOConfig`: TRL v0.7.1's DDPO parameters, names and defaults, with the batch arithmetic checked once.
 
 One epoch samples ``sample_batch_size * sample_num_batches_per_epoch`` images per process, then trains on them in
 batches of ``train_batch_size`` with an optimizer step every ``train_gradient_accumulation_steps`` batches (and,

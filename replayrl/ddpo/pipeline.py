@@ -1,7 +1,8 @@
 """The diffusion policy DDPO trains: a Stable Diffusion pipeline whose sampler returns every step's log-prob.
 
-`DDPOStableDiffusionPipeline` is the interface `DDPOTrainer` talks to (the seed's); `DefaultDDPOStableDiffusionPipeline`
-implements it on diffusers' `StableDiffusionPipeline` with a DDIM scheduler, optionally LoRA (PEFT) on the UNet.
+`DDPOStableDiffusionPipeline` is the interface `DDPOTrainer` talks to (TRL v0.7.1's);
+`DefaultDDPOStableDiffusionPipeline` implements it on diffusers' `StableDiffusionPipeline` with a DDIM scheduler,
+optionally LoRA (PEFT) on the UNet.
 `scheduler_step` adapts diffusers' `DDIMScheduler` to the pure math in `replayrl.algos.diffusion`.
 """
 
@@ -42,7 +43,7 @@ class DDPOSchedulerOutput:
 
 
 class DDPOStableDiffusionPipeline:
-    """What `DDPOTrainer` needs from a diffusion pipeline (the seed's interface). Subclass it to train another
+    """What `DDPOTrainer` needs from a diffusion pipeline (TRL v0.7.1's interface). Subclass it to train another
     pipeline; `DefaultDDPOStableDiffusionPipeline` is the Stable Diffusion implementation."""
 
     def __call__(self, *args, **kwargs) -> DDPOPipelineOutput:

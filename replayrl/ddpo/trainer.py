@@ -1,6 +1,6 @@
 """`DDPOTrainer`: Denoising Diffusion Policy Optimization (DDPO-clip, arXiv:2305.13301) on a diffusers pipeline.
 
-Each epoch, as in the paper and the seed's trainer:
+Each epoch, as in the paper and TRL v0.7.1's DDPOTrainer:
   1. sample ``sample_num_batches_per_epoch`` batches of images, keeping every DDIM step's latents and log-prob
      (each step ``x_t -> x_{t-1}`` is a Gaussian action, `replayrl.algos.diffusion`);
   2. score them with ``reward_function(images, prompts, metadata) -> (rewards, reward_metadata)`` (in a thread
@@ -347,7 +347,7 @@ class DDPOTrainer:
         if self.accelerator.is_main_process:
             self.sd_pipeline.save_pretrained(str(save_directory))
 
-    _save_pretrained = save_pretrained  # the seed's name
+    _save_pretrained = save_pretrained  # TRL v0.7.1's name
 
     def save_checkpoint(self) -> Path:
         """``run_dir/checkpoint-<epochs done>``: the pipeline's trained weights, then the optimizer, step counters,

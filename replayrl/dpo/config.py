@@ -1,6 +1,6 @@
 """`DPOConfig`: TRL's DPO parameters on top of `transformers.TrainingArguments`, validated once.
 
-Names and defaults follow current TRL's `DPOConfig`, plus the seed's (TRL 0.7) names that moved from the
+Names and defaults follow current TRL's `DPOConfig`, plus TRL v0.7.1's names that moved from the
 trainer's signature into the config: `beta`, `max_length`, `max_prompt_length`, `label_pad_token_id`,
 `padding_value`, `truncation_mode`, `disable_dropout`, `reference_free`.
 """

@@ -57,7 +57,7 @@ def _disable_dropout(model: nn.Module) -> None:
 
 
 class DPOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
-    """TRL-compatible DPO trainer. Arguments as TRL's `DPOTrainer`; the seed's `beta`, `max_length`, ...
+    """TRL-compatible DPO trainer. Arguments as TRL's `DPOTrainer`; TRL v0.7.1's `beta`, `max_length`, ...
     may also be given here, and override `args`."""
 
     _tag_names = ["trl", "dpo", "replayrl"]
@@ -130,7 +130,7 @@ class DPOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
     def _apply_seed_kwargs(args: DPOConfig, seed_kwargs: dict) -> DPOConfig:
         unknown = sorted(set(seed_kwargs) - set(SEED_ARGS))
         if unknown:
-            raise TypeError(f"DPOTrainer got unexpected keyword arguments {unknown}; the seed's are {SEED_ARGS}")
+            raise TypeError(f"DPOTrainer got unexpected keyword arguments {unknown}; TRL v0.7.1's are {SEED_ARGS}")
         given = {k: v for k, v in seed_kwargs.items() if v is not None}
         if not given:
             return args

@@ -1,6 +1,6 @@
 """`GRPOConfig`: TRL's GRPO parameters on top of `transformers.TrainingArguments`, validated once.
 
-Names and defaults follow TRL's GRPO documentation (`../shared/seeds/grpo_trainer.md`); the options that
+Names and defaults follow TRL 0.16's GRPO documentation; the options that
 TRL added later (`loss_type`, `scale_rewards` as a string, `mask_truncated_completions`,
 `generation_batch_size` / `steps_per_generation`) follow current TRL. Deviations are listed in
 `docs/deviations.md`.

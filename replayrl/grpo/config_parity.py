@@ -1,4 +1,5 @@
-"""The `GRPOConfig` fields of current TRL (1.x) beyond the seed's, with TRL's names and defaults, and their checks.
+"""The `GRPOConfig` fields of TRL 1.16 beyond TRL 0.16's (the GRPO API this project started from), with TRL's
+names and defaults, and their checks.
 
 Kept apart from `config.py` so the options added for TRL parity live in one place; `GRPOConfig` inherits them.
 Every field here is implemented (see docs/grpo.md), or refused with a ValueError naming why when set to a
@@ -22,7 +23,7 @@ def _help(text: str) -> dict:
 
 @dataclass
 class TRLParityArguments:
-    """Options of current TRL's `GRPOConfig` that the seed predates."""
+    """Options of current TRL's `GRPOConfig` that TRL 0.16 predates."""
 
     _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + [
         "generation_kwargs",

@@ -58,7 +58,7 @@ def _identity_collator(features: list[dict]) -> list[dict]:
 class GRPOTrainer(
     ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, OwnLossScalingMixin, SafeCheckpointsMixin, Trainer
 ):
-    """TRL-compatible GRPO trainer. Arguments as TRL's `GRPOTrainer` (see the seed docs)."""
+    """TRL-compatible GRPO trainer. Arguments as TRL 1.16's `GRPOTrainer` (docs/grpo.md)."""
 
     _tag_names = ["trl", "grpo", "replayrl"]
 

@@ -27,7 +27,7 @@ PANELS: list[tuple[str, list[tuple[str, str]], str]] = [
     ("Completion length (tokens)", [("completion_length", "mean")], "not logged"),
     ("Entropy (nats per token)", [("entropy", "mean")], "not logged"),
 ]
-# PPOTrainer runs (recognised by "objective/kl"): the seed's stats.
+# PPOTrainer runs (recognised by "objective/kl"): the stats of TRL v0.7.1's PPOTrainer.
 PPO_PANELS: list[tuple[str, list[tuple[str, str]], str]] = [
     ("Reward", [("reward", "mean score of the batch"), ("eval_reward", "eval")], "no reward logged"),
     ("KL(policy || reference)", [("objective/kl", "sum over response tokens")], "not logged"),

@@ -1,4 +1,4 @@
-"""A causal LM with a scalar value head (the seed's `AutoModelForCausalLMWithValueHead`) and reference models.
+"""A causal LM with a scalar value head (TRL v0.7.1's `AutoModelForCausalLMWithValueHead`) and reference models.
 
 The head is dropout + ``Linear(hidden_size, 1)`` on the last hidden state, one value per position. On disk the
 head's weights sit in the model's own safetensors state dict under ``v_head.*``; a plain ``AutoModelForCausalLM``
@@ -47,7 +47,7 @@ def _hidden_size(config) -> int:
 class AutoModelForCausalLMWithValueHead(nn.Module):
     """``pretrained_model`` (a causal LM, or a PEFT model around one) plus ``v_head``.
 
-    ``forward`` returns ``(lm_logits (B, T, V) float32, loss or None, value (B, T))`` like the seed;
+    ``forward`` returns ``(lm_logits (B, T, V) float32, loss or None, value (B, T))`` like TRL v0.7.1's;
     ``generate`` is the language model's.
     """
 
@@ -154,7 +154,7 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         self.pretrained_model.gradient_checkpointing_enable(**kwargs)
 
     def post_init(self, state_dict: dict) -> None:
-        """The seed's hook: load ``v_head.*`` entries of ``state_dict`` into the head."""
+        """TRL v0.7.1's hook: load ``v_head.*`` entries of ``state_dict`` into the head."""
         head = {k.removeprefix(HEAD_PREFIX): v for k, v in state_dict.items() if k.startswith(HEAD_PREFIX)}
         self.v_head.load_state_dict(head)
 
@@ -211,8 +211,8 @@ def create_reference_model(model, num_shared_layers: int | None = None, pattern:
     """A frozen copy of ``model`` (value-head wrapper or plain LM) for the KL penalty, in eval mode.
 
     With ``num_shared_layers=k`` the embeddings and the first ``k`` transformer blocks are not copied: the
-    reference uses the policy's own tensors, and those are frozen in the policy too (as the seed), which saves
-    memory and compute. ``pattern`` is accepted for the seed's signature; layers are found as the model's
+    reference uses the policy's own tensors, and those are frozen in the policy too (as TRL v0.7.1), which saves
+    memory and compute. ``pattern`` is accepted for TRL v0.7.1's signature; layers are found as the model's
     largest ``nn.ModuleList``.
     """
     del pattern

@@ -1,4 +1,4 @@
-"""PPO with a value head, the seed's (TRL v0.7) API: `PPOConfig`, `PPOTrainer` (step / generate / log_stats,
+"""PPO with a value head, TRL v0.7.1's API: `PPOConfig`, `PPOTrainer` (step / generate / log_stats,
 plus a managed `train()`)."""
 
 from replayrl._lazy import lazy_exports

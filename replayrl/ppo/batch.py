@@ -4,7 +4,7 @@ Layout of a batch of B samples: ``[left-padded query (Q) | right-padded response
 at column Q and every per-token tensor is ``(B, R)`` over response tokens. ``position_ids`` count real tokens
 only (``cumsum(attention_mask) - 1``, what ``generate`` uses for left-padded prompts), so padding changes neither
 log-probs nor values (tested). Log-prob and value of response token t are read at column ``Q - 1 + t``: the
-state before the token is sampled (as the seed).
+state before the token is sampled (as TRL v0.7.1).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def forward(
 
 @torch.no_grad()
 def batched_forward(model, batch: PPOBatch, chunk: int, temperature: float, full_logprobs: bool) -> ForwardOutput:
-    """`forward` in chunks of ``chunk`` rows (the seed's mini_batch_size), without gradients; padded back to R."""
+    """`forward` in chunks of ``chunk`` rows (TRL v0.7.1's mini_batch_size), without gradients; padded back to R."""
     n, width = batch.input_ids.shape[0], batch.response_mask.shape[1]
     parts = []
     for start in range(0, n, chunk):

@@ -1,6 +1,6 @@
-"""`PPOConfig`: the seed's (TRL v0.7) fields and defaults, validated once with fix-it errors.
+"""`PPOConfig`: TRL v0.7.1's fields and defaults, validated once with fix-it errors.
 
-Beyond the seed: `output_dir` (metrics.jsonl, checkpoints and the final model of `PPOTrainer.train()`),
+Beyond TRL v0.7.1: `output_dir` (metrics.jsonl, checkpoints and the final model of `PPOTrainer.train()`),
 `save_steps`, `logging_steps` and `temperature` (the sampling temperature the policy's log-probs are computed
 at, arXiv:2403.17031 detail "scale the logits by the sampling temperature").
 """
@@ -15,7 +15,7 @@ from typing import Literal
 
 @dataclass
 class PPOConfig:
-    """Configuration of `PPOTrainer` (the seed's `PPOConfig`). `batch_size` is per process."""
+    """Configuration of `PPOTrainer` (TRL v0.7.1's `PPOConfig`). `batch_size` is per process."""
 
     task_name: str | None = None
     model_name: str | None = None
@@ -54,7 +54,7 @@ class PPOConfig:
     use_score_scaling: bool = False
     use_score_norm: bool = False
     score_clip: float | None = None
-    # ---- beyond the seed
+    # ---- beyond TRL v0.7.1
     output_dir: str | None = None
     save_steps: int | None = None
     logging_steps: int = 1
@@ -63,7 +63,7 @@ class PPOConfig:
     def __post_init__(self):
         if self.forward_batch_size is not None:
             warnings.warn(
-                "forward_batch_size is deprecated (as in the seed); use mini_batch_size. Setting mini_batch_size "
+                "forward_batch_size is deprecated (as in TRL v0.7.1); use mini_batch_size. Setting mini_batch_size "
                 f"= {self.forward_batch_size}.",
                 FutureWarning,
                 stacklevel=3,

@@ -1,4 +1,4 @@
-"""`PPOTrainer.train()`: the seed's loop run for the user, with GRPO's reward functions, and checkpoints.
+"""`PPOTrainer.train()`: TRL v0.7.1's PPO loop run for the user, with GRPO's reward functions, and checkpoints.
 
 Per step (``config.total_ppo_epochs = ceil(config.steps / config.batch_size)`` steps): take the next
 ``batch_size`` rows of the dataset (a fresh seeded permutation per epoch, so the order depends only on the step

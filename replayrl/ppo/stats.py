@@ -1,6 +1,6 @@
-"""The seed's stats dictionary: per mini-batch training stats, the per-step record, gathering across processes.
+"""TRL v0.7.1's PPO stats dictionary: per mini-batch training stats, the per-step record, gathering across processes.
 
-Scalars are Python floats; the seed's distributions (``objective/kl_dist``, ``tokens/queries_dist``, ...) are
+Scalars are Python floats; TRL v0.7.1's distributions (``objective/kl_dist``, ``tokens/queries_dist``, ...) are
 1-D tensors, kept for trackers that draw histograms and left out of metrics.jsonl.
 """
 
@@ -46,7 +46,7 @@ def minibatch_stats(out, old: dict[str, Tensor], mask: Tensor, ratio: Tensor, lo
 
 
 def step_stats(data: dict[str, Tensor], non_score: Tensor, train_stats: list[dict], kl_coef: float, queries, responses):
-    """The seed's `record_step_stats`: objective/*, ppo/* (means over mini-batches), tokens/*."""
+    """TRL v0.7.1's `record_step_stats`: objective/*, ppo/* (means over mini-batches), tokens/*."""
     mask = data["mask"]
     kl_list = (data["kls"] * mask).sum(-1)
     scores = data["scores"]

@@ -1,4 +1,4 @@
-"""`PPOTrainer`: the seed's (TRL v0.7) PPO with a value head and a user-written loop, on accelerate.
+"""`PPOTrainer`: TRL v0.7.1's PPO with a value head and a user-written loop, on accelerate.
 
     for batch in ppo_trainer.dataloader:
         responses = ppo_trainer.generate(batch["input_ids"], return_prompt=False, **generation_kwargs)
@@ -11,7 +11,7 @@ forward pass of the policy (log-probs, values) and of the reference (log-probs);
 ``-beta * KL_t`` plus the score on the last response token; GAE advantages (whitened) and returns; then
 ``ppo_epochs`` passes over shuffled mini-batches with the clipped policy loss + clipped value loss, one optimizer
 step per ``gradient_accumulation_steps`` mini-batches; early stop on ``target_kl``; the KL controller update.
-`train()` (beyond the seed) runs generate -> reward functions -> step itself: `replayrl.ppo.loop`.
+`train()` (beyond TRL v0.7.1) runs generate -> reward functions -> step itself: `replayrl.ppo.loop`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ ROLLOUT_KEYS = ("logprobs", "values", "advantages", "returns")
 
 
 def dict_collator(rows: list[dict]) -> dict[str, list]:
-    """The seed's recommended collator: a dict of lists (variable-length queries stay separate tensors)."""
+    """TRL v0.7.1's recommended collator: a dict of lists (variable-length queries stay separate tensors)."""
     return {key: [row[key] for row in rows] for key in rows[0]}
 
 
@@ -54,7 +54,7 @@ class LengthSampler:
 
 
 class PPOTrainer(PPOSeedMethodsMixin):
-    """PPO for causal LMs with a value head; arguments as the seed's `PPOTrainer` (see `docs/ppo.md`)."""
+    """PPO for causal LMs with a value head; arguments as TRL v0.7.1's `PPOTrainer` (see `docs/ppo.md`)."""
 
     def __init__(
         self,
@@ -196,7 +196,7 @@ class PPOTrainer(PPOSeedMethodsMixin):
         scores: list[Tensor] | list[float] | Tensor,
         response_masks: list[Tensor] | None = None,
     ) -> dict:
-        """One PPO step on ``batch_size`` (query, response, score) triples; returns the seed's stats dict."""
+        """One PPO step on ``batch_size`` (query, response, score) triples; returns TRL v0.7.1's stats dict."""
         t_start = time.time()
         scores = self._check_inputs(queries, responses, scores, response_masks)
         timing = {}
@@ -239,7 +239,7 @@ class PPOTrainer(PPOSeedMethodsMixin):
         return stats
 
     def _check_inputs(self, queries, responses, scores, response_masks) -> Tensor:
-        """The seed's safety checks, with fix-it messages; returns the scores as a float32 ``(B,)`` tensor."""
+        """TRL v0.7.1's safety checks, with fix-it messages; returns the scores as a float32 ``(B,)`` tensor."""
         n = self.config.batch_size
         named = [("queries", queries), ("responses", responses), ("scores", scores)]
         named += [("response_masks", response_masks)] if response_masks is not None else []
@@ -308,7 +308,7 @@ class PPOTrainer(PPOSeedMethodsMixin):
         return self.minibatch_stats
 
     def _early_stop(self, policykl: float) -> bool:
-        """Stop when ``policykl > 1.5 * target_kl`` on any process (all processes stop together, as the seed)."""
+        """Stop when ``policykl > 1.5 * target_kl`` on any process (all processes stop together, as TRL v0.7.1)."""
         flag = torch.tensor(float(policykl > 1.5 * self.config.target_kl), device=self.accelerator.device)
         if self._reduce_sum(flag).item() > 0:
             self.optimizer.zero_grad()
@@ -361,7 +361,7 @@ class PPOTrainer(PPOSeedMethodsMixin):
     def log_stats(self, stats: dict, batch: dict, rewards, columns_to_log: tuple[str, ...] = ("query", "response")):
         """Send the step's scalar stats (+ env/reward_mean, env/reward_std) to the accelerate trackers and append
         them to ``metrics.jsonl`` in ``output_dir`` (else ``project_kwargs["project_dir"]``, if either is set).
-        Call once per step, after `step`. (``batch`` and ``columns_to_log`` are accepted for the seed's
+        Call once per step, after `step`. (``batch`` and ``columns_to_log`` are accepted for TRL v0.7.1's
         signature; no table of samples is logged.)"""
         rewards = torch.stack([torch.as_tensor(r, dtype=torch.float32).reshape(()) for r in rewards])
         rewards = self.accelerator.gather(rewards.to(self.accelerator.device)).cpu()
@@ -379,7 +379,7 @@ class PPOTrainer(PPOSeedMethodsMixin):
 
     # ------------------------------------------------------------------------------------------ managed loop
     def train(self, reward_funcs, **kwargs) -> dict:
-        """Beyond the seed: generate -> reward functions -> step -> log, checkpointed; see `replayrl.ppo.loop`."""
+        """Beyond TRL v0.7.1: generate -> reward functions -> step -> log, checkpointed; see `replayrl.ppo.loop`."""
         from replayrl.ppo.loop import train
 
         return train(self, reward_funcs, **kwargs)

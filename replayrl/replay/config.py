@@ -33,9 +33,10 @@ class GRPOWithReplayBufferConfig(GRPOConfig):
     replay_strategy: Literal["group", "mix", "mix_then_group"] = field(
         default="group",
         metadata={
-            "help": "What fills a zero-std group: 'group' (the seed's: a buffered group of another prompt), 'mix' "
-            "(ExGRPO, arXiv:2510.02245: the prompt's latest stored success replaces one of its fresh rows, "
-            "advantages recomputed), 'mix_then_group' (mix, then swap the groups still zero-std)."
+            "help": "What fills a zero-std group: 'group' (trl.experimental GRPOWithReplayBuffer's: a buffered "
+            "group of another prompt), 'mix' (ExGRPO, arXiv:2510.02245: the prompt's latest stored success "
+            "replaces one of its fresh rows, advantages recomputed), 'mix_then_group' (mix, then swap the groups "
+            "still zero-std)."
         },
     )
     replay_importance_cap: float | None = field(

@@ -1,9 +1,10 @@
 """ExGRPO-style mixing (arXiv:2510.02245): a stored success of a prompt joins a fresh group of the same prompt.
 
-The seed's buffer swaps a zero-std group for a whole group of *another* prompt. On a sparse task most zero-std
-groups are all-failed, and a prompt that failed now may have succeeded before: putting one stored success of that
-prompt into its fresh all-failed group turns the group informative (advantages recomputed with it), so the failing
-prompt itself gets a signal, anchored by G-1 fresh on-policy rows. Plain torch; no trainer imports.
+The buffer of the GRPOWithReplayBuffer pull request (trl.experimental) swaps a zero-std group for a whole group of
+*another* prompt. On a sparse task most zero-std groups are all-failed, and a prompt that failed now may have
+succeeded before: putting one stored success of that prompt into its fresh all-failed group turns the group
+informative (advantages recomputed with it), so the failing prompt itself gets a signal, anchored by G-1 fresh
+on-policy rows. Plain torch; no trainer imports.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 def compute_accuracy(eval_pred: EvalPrediction) -> dict[str, float]:
     """Seed API: predictions (N, 2) = [r_chosen, r_rejected] -> {"accuracy": fraction with r_c > r_r}.
-    Ties count as wrong (the seed's argmax counted them as right; a constant model would score 1.0)."""
+    Ties count as wrong (TRL v0.7.1's argmax counted them as right; a constant model would score 1.0)."""
     predictions = np.asarray(eval_pred.predictions)
     return {"accuracy": float((predictions[:, 0] > predictions[:, 1]).mean())}
 
@@ -85,7 +85,7 @@ def check_pad_token(model: PreTrainedModel, tokenizer) -> int:
 
 
 class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
-    """TRL-compatible reward trainer; also takes the seed's pre-tokenized columns, `tokenizer=` and
+    """TRL-compatible reward trainer; also takes TRL v0.7.1's pre-tokenized columns, `tokenizer=` and
     `max_length=`."""
 
     _tag_names = ["trl", "reward-trainer", "replayrl"]
@@ -146,7 +146,7 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
 
     @staticmethod
     def _prepare(dataset, name: str, tokenizer, args: RewardConfig):
-        """Tokenise text/conversational pairs into the seed's columns (pre-tokenized data passes through), then
+        """Tokenise text/conversational pairs into TRL v0.7.1's columns (pre-tokenized data passes through), then
         drop pairs longer than max_length (as TRL: truncating would cut off what tells the pair apart)."""
         if dataset is None:
             return None

@@ -1,4 +1,4 @@
-"""Supervised fine-tuning: `SFTConfig` and `SFTTrainer` (current TRL API, the seed's names accepted)."""
+"""Supervised fine-tuning: `SFTConfig` and `SFTTrainer` (current TRL API, TRL v0.7.1's names accepted)."""
 
 from replayrl._lazy import lazy_exports
 

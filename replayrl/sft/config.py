@@ -1,7 +1,7 @@
 """`SFTConfig`: current TRL's supervised fine-tuning parameters on top of `transformers.TrainingArguments`.
 
 Names and defaults follow current TRL (`max_length=1024`, `packing=False`, `packing_strategy="bfd"`,
-`completion_only_loss=None`, `learning_rate=2e-5`, ...); the seed's `max_seq_length` still works as an alias of
+`completion_only_loss=None`, `learning_rate=2e-5`, ...); TRL v0.7.1's `max_seq_length` still works as an alias of
 `max_length`. Deviations from TRL are listed in `docs/sft.md`.
 """
 

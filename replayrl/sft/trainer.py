@@ -1,4 +1,4 @@
-"""`SFTTrainer`: supervised fine-tuning on `transformers.Trainer`, with current TRL's API and the seed's names.
+"""`SFTTrainer`: supervised fine-tuning on `transformers.Trainer`, with current TRL's API and TRL v0.7.1's names.
 
 One step, as data flows:
   dataset -> format detected (`replayrl.data.formats`) -> tokenised, EOS once, masks, truncated
@@ -41,14 +41,14 @@ from replayrl.models.lm_head import forward_to_head
 from replayrl.models.loading import load_causal_lm
 from replayrl.sft.config import SFTConfig
 
-# Seed (TRL 0.7) constructor arguments that are now SFTConfig fields: name -> config field.
+# TRL v0.7.1's constructor arguments that are now SFTConfig fields: name -> config field.
 SEED_CONFIG_KWARGS = {
     "dataset_text_field": "dataset_text_field",
     "packing": "packing",
     "max_seq_length": "max_length",
     "dataset_num_proc": "dataset_num_proc",
 }
-# Seed arguments of its ConstantLengthDataset packing, which exact packing makes moot: accepted with a warning.
+# TRL v0.7.1's arguments of its ConstantLengthDataset packing, which exact packing makes moot: accepted with a warning.
 SEED_IGNORED_KWARGS = ("infinite", "num_of_sequences", "chars_per_token", "dataset_batch_size")
 
 
@@ -57,7 +57,7 @@ class SFTTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
 
     `model`: a name/path (loaded with `args.model_init_kwargs`) or a model object. `train_dataset` /
     `eval_dataset`: language modeling (`text` / `messages`), prompt-completion (standard or conversational),
-    or pre-tokenised (`input_ids`). The seed's `tokenizer=`, `dataset_text_field=`, `packing=`,
+    or pre-tokenised (`input_ids`). TRL v0.7.1's `tokenizer=`, `dataset_text_field=`, `packing=`,
     `max_seq_length=` and `dataset_num_proc=` keywords are accepted and override `args`.
     """
 
@@ -143,7 +143,7 @@ class SFTTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
     def _resolve_tokenizer(processing_class, tokenizer, model_id: str, args: SFTConfig):
         if tokenizer is not None:
             if processing_class is not None and processing_class is not tokenizer:
-                raise ValueError("Pass the tokenizer once: `processing_class=` (current) or `tokenizer=` (seed).")
+                raise ValueError("Pass the tokenizer once: `processing_class=` (current) or `tokenizer=` (TRL v0.7.1).")
             processing_class = tokenizer
         if processing_class is None:
             processing_class = AutoTokenizer.from_pretrained(model_id)
