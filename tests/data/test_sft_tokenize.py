@@ -132,7 +132,7 @@ def test_formatting_func_per_example_and_seed_batched(tok):
     per_row = apply_formatting_func(data, lambda ex: f"{ex['q']}={ex['a']}", None)
     batched = apply_formatting_func(
         data, lambda b: [f"{q}={a}" for q, a in zip(b["q"], b["a"])], None
-    )  # the seed's style: a batch in, a list of strings out
+    )  # TRL v0.7.1's style: a batch in, a list of strings out
     assert per_row["text"] == batched["text"] == ["1+1=2", "2+2=4"]
     with pytest.raises(ValueError, match="must return a str"):
         apply_formatting_func(data, lambda ex: 3, None)

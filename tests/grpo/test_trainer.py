@@ -1,4 +1,4 @@
-"""GRPOTrainer end to end on a tiny local Qwen2: the seed example, every knob, bad input, invariances."""
+"""GRPOTrainer end to end on a tiny local Qwen2: TRL's documented example, every knob, bad input, invariances."""
 
 import copy
 

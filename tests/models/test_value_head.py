@@ -80,7 +80,7 @@ def test_reference_model_shares_layers(vmodel):
     layers, ref_layers = vmodel.pretrained_model.model.layers, ref.pretrained_model.model.layers
     assert layers[0].mlp.up_proj.weight is ref_layers[0].mlp.up_proj.weight
     assert layers[1].mlp.up_proj.weight is not ref_layers[1].mlp.up_proj.weight
-    # shared tensors are frozen in the policy too (as the seed); the rest of the policy still trains
+    # shared tensors are frozen in the policy too (as TRL v0.7.1); the rest of the policy still trains
     assert not layers[0].mlp.up_proj.weight.requires_grad and layers[1].mlp.up_proj.weight.requires_grad
     assert vmodel.v_head.summary.weight.requires_grad
     assert torch.equal(ref(IDS)[0], vmodel(IDS)[0])

@@ -1,4 +1,4 @@
-"""PPOConfig: the seed's defaults and fix-it errors."""
+"""PPOConfig: TRL v0.7.1's defaults and fix-it errors."""
 
 import pytest
 

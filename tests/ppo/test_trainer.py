@@ -1,4 +1,4 @@
-"""PPOTrainer through the seed's API: generate -> score with any Python -> step -> log_stats."""
+"""PPOTrainer through TRL v0.7.1's API: generate -> score with any Python -> step -> log_stats."""
 
 import copy
 import json
@@ -66,7 +66,7 @@ def queries_of(tokenizer, n=8):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_seed_loop_reward_rises(tokenizer, tmp_path, seed):
-    """The seed's loop, verbatim shape: dataloader -> generate -> any Python reward -> step -> log_stats."""
+    """TRL v0.7.1's loop, verbatim shape: dataloader -> generate -> any Python reward -> step -> log_stats."""
     lowercase = torch.tensor(tokenizer.convert_tokens_to_ids(list(string.ascii_lowercase)))
     texts = [f"q{i % 5}:" * (1 + i % 3) for i in range(16)]
     dataset = Dataset.from_dict({"query": texts, "input_ids": [tokenizer(t).input_ids for t in texts]})

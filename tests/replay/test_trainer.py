@@ -126,7 +126,7 @@ def test_buffer_size_zero_is_plain_grpo(tokenizer, dataset, tmp_path):
         dict(num_iterations=2, beta=0.1),
         dict(gradient_accumulation_steps=2, per_device_train_batch_size=4),
         dict(replay_importance_cap=2.0, replay_max_age=3, replay_max_reuse=2, replay_score="variance"),
-        dict(replay_importance_cap=None, replay_max_age=None, replay_max_reuse=None),  # the seed's (TRL's) semantics
+        dict(replay_importance_cap=None, replay_max_age=None, replay_max_reuse=None),  # GRPOWithReplayBuffer's rules
     ],
 )
 def test_replay_works_with_the_other_knobs(model, tokenizer, dataset, tmp_path, overrides):
