@@ -261,7 +261,7 @@ class DPOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
 
     # ----------------------------------------------------------------------------------------- forward
     def concatenated_inputs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Seed API: chosen rows then rejected rows, padded to one width: `concatenated_input_ids`,
+        """TRL v0.7.1's API: chosen rows then rejected rows, padded to one width: `concatenated_input_ids`,
         `concatenated_attention_mask`, `concatenated_labels`, each (2B, L)."""
         width = max(batch["chosen_input_ids"].shape[1], batch["rejected_input_ids"].shape[1])
         pad_id = self.data_collator.pad_token_id if hasattr(self.data_collator, "pad_token_id") else 0
@@ -274,7 +274,7 @@ class DPOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         return out
 
     def concatenated_forward(self, model, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Seed API: one forward on chosen + rejected. Returns (chosen_logps, rejected_logps, chosen_logits,
+        """TRL v0.7.1's API: one forward on chosen + rejected. Returns (chosen_logps, rejected_logps, chosen_logits,
         rejected_logits), all (B,): summed completion log-probs and the mean logit over completion tokens
         (the full (B, T, V) logits are not returned, see docs/dpo.md)."""
         out = self._forward(model, batch)
@@ -317,7 +317,7 @@ class DPOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         chosen_lengths: Tensor | None = None,
         rejected_lengths: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Seed API: (losses (B,), chosen_rewards (B,), rejected_rewards (B,)) under the configured loss_type(s).
+        """TRL v0.7.1's: (losses (B,), chosen_rewards (B,), rejected_rewards (B,)) under the configured loss_type(s).
         Log-probs (B,). `reference_free` None (the default) follows `DPOConfig.reference_free`; True takes the
         reference log-probs as 0. Without lengths, length-normalised losses (ipo, sigmoid_norm, sft) take the
         log-probs as given."""
@@ -351,7 +351,7 @@ class DPOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         }
 
     def get_batch_loss_metrics(self, model, batch: dict[str, Tensor], train_eval: str = "train"):
-        """Seed API: the batch's mean loss, and records its metrics under `train_eval`."""
+        """TRL v0.7.1's API: the batch's mean loss, and records its metrics under `train_eval`."""
         out = self._forward(model, batch)
         if "ref_chosen_logps" in batch:
             ref_c, ref_r = batch["ref_chosen_logps"], batch["ref_rejected_logps"]

@@ -160,7 +160,7 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
 
 
 class AutoModelForSeq2SeqLMWithValueHead(AutoModelForCausalLMWithValueHead):
-    """The seed's value head for encoder-decoder models (T5, BART, ...): ``pretrained_model`` is a
+    """TRL v0.7.1's value head for encoder-decoder models (T5, BART, ...): ``pretrained_model`` is a
     ``AutoModelForSeq2SeqLM`` and the head reads the decoder's last hidden state, one value per decoder position.
 
     ``forward(input_ids, attention_mask, decoder_input_ids=..., ...)`` returns ``(lm_logits (B, T_dec, V) float32,

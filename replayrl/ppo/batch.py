@@ -108,7 +108,7 @@ def forward(
     result = ForwardOutput(stats.logps, None, entropy=stats.entropy)
     if values is not None:
         result.values = values[:, start : start + width]
-    if full_logprobs or keep_logits:  # the exact-KL option and the seed's `loss(..., logits, ...)` hook ask for them
+    if full_logprobs or keep_logits:  # the exact-KL option and TRL v0.7.1's `loss(..., logits, ...)` hook ask for them
         with torch.set_grad_enabled(torch.is_grad_enabled() and full_logprobs):  # the hook's logits: a stat only
             logits = head.source if head.weight is None else F.linear(head.source, head.weight, head.bias)
             logits = logits.float() / temperature

@@ -1,4 +1,4 @@
-"""The seed PPOTrainer's (TRL v0.7.1) overridable math methods: `_kl_penalty`, `compute_rewards`,
+"""TRL v0.7.1's PPOTrainer's overridable math methods: `_kl_penalty`, `compute_rewards`,
 `compute_advantages` and `loss`, with v0.7.1's signatures and return values. `PPOTrainer.step` goes through
 them, so a subclass that overrides one changes the update. The formulas are `replayrl.algos.ppo`'s.
 """
@@ -64,7 +64,7 @@ class PPOSeedMethodsMixin:
         old_logprobs, values, advantages, returns: the rollout's (B, T); logits (B, T, V) and vpreds, logprobs
         (B, T): the current forward pass (logits only feed the entropy stat). Returns v0.7.1's
         ``(pg_loss, vf_coef * vf_loss, stats)``; the token means are over the mini-batch of all processes. A
-        mini-batch whose mean ratio exceeds `config.ratio_threshold` gets zero losses (a warning, as the seed).
+        mini-batch whose mean ratio exceeds `config.ratio_threshold` gets zero losses (a warning, as TRL v0.7.1).
         """
         config = self.config
         num_tokens = self._reduce_sum(mask.sum().float()) / self.accelerator.num_processes
@@ -79,7 +79,7 @@ class PPOSeedMethodsMixin:
         if avg_ratio > config.ratio_threshold:
             warnings.warn(
                 f"The average ratio of this mini-batch is {avg_ratio:.2f} > ratio_threshold={config.ratio_threshold}; "
-                "skipping it (loss set to 0, as the seed).",
+                "skipping it (loss set to 0, as TRL v0.7.1).",
                 stacklevel=2,
             )
             pg_loss, vf_loss, loss = pg_loss * 0.0, vf_loss * 0.0, loss * 0.0

@@ -208,7 +208,7 @@ class PPOTrainer(PPOSeedMethodsMixin):
         timing["time/ppo/forward_pass"] = time.time() - t
         t = time.time()
         mask, kl_coef = batch.response_mask, self.kl_ctl.value
-        # the seed's methods (overridable): kl_penalty "full" hands them the (B, T, V) distributions
+        # TRL v0.7.1's PPOTrainer methods (overridable): kl_penalty "full" hands them the (B, T, V) distributions
         kl_inputs = (
             (old.full_logprobs, ref.full_logprobs) if old.full_logprobs is not None else (old.logprobs, ref.logprobs)
         )

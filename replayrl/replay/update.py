@@ -1,5 +1,5 @@
 """TRL's replay-step methods on the replay trainer: `update_with_replay_buffer`, `update_replay_buffer`,
-`sample_from_replay_buffer`, `slice_group_data`, with TRL's signatures (the seed's pull request names them).
+`sample_from_replay_buffer`, `slice_group_data`, with TRL's signatures (the GRPOWithReplayBuffer PR's names).
 
 `update_with_replay_buffer` is the training path: after each generation batch is scored the trainer calls it
 (`GRPOWithReplayBufferTrainer._replace_zero_std_groups`), so a subclass that overrides it changes what is trained

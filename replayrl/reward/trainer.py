@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 
 def compute_accuracy(eval_pred: EvalPrediction) -> dict[str, float]:
-    """Seed API: predictions (N, 2) = [r_chosen, r_rejected] -> {"accuracy": fraction with r_c > r_r}.
+    """TRL v0.7.1's API: predictions (N, 2) = [r_chosen, r_rejected] -> {"accuracy": fraction with r_c > r_r}.
     Ties count as wrong (TRL v0.7.1's argmax counted them as right; a constant model would score 1.0)."""
     predictions = np.asarray(eval_pred.predictions)
     return {"accuracy": float((predictions[:, 0] > predictions[:, 1]).mean())}

@@ -1,4 +1,4 @@
-"""AutoModelForSeq2SeqLMWithValueHead (the seed's value head for encoder-decoders) on a tiny T5 built from a config."""
+"""AutoModelForSeq2SeqLMWithValueHead (TRL v0.7.1's encoder-decoder value head) on a tiny T5 built from a config."""
 
 import pytest
 import torch

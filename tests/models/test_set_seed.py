@@ -1,4 +1,4 @@
-"""`from replayrl import set_seed`, as the seed's PPO scripts do `from trl import set_seed`."""
+"""`from replayrl import set_seed`, as TRL v0.7.1's PPO scripts do `from trl import set_seed`."""
 
 import random
 

@@ -1,4 +1,4 @@
-"""The seed PPOTrainer's (TRL v0.7.1) methods: `_kl_penalty`, `compute_rewards`, `compute_advantages`, `loss`
+"""TRL v0.7.1's PPOTrainer methods: `_kl_penalty`, `compute_rewards`, `compute_advantages`, `loss`
 with hand-computed values, and `step` going through them (an override changes the update)."""
 
 import math

@@ -1,4 +1,4 @@
-"""`update_with_replay_buffer` (TRL's method, the seed PR's name) is the training path: an override changes what
+"""`update_with_replay_buffer` (GRPOWithReplayBuffer's method) is the training path: an override changes what
 train() trains on; buffered groups longer than the batch widen it."""
 
 import torch
