@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 # Bytes of float32 logits one chunk may hold (its softmax and gradient take about as much again, twice).
-DEFAULT_CHUNK_BYTES = 64 * 2**20
+DEFAULT_CHUNK_BYTES = 32 * 2**20
 
 
 class TokenStats(NamedTuple):
@@ -61,11 +61,6 @@ def _compute_dtype(source: Tensor) -> torch.dtype:
     return torch.float64 if source.dtype == torch.float64 else torch.float32
 
 
-def _plogp(logp: Tensor) -> Tensor:
-    """``p * log p`` with its limit 0 where ``log p`` is -inf (masked logits)."""
-    return torch.where(logp > -torch.inf, logp.exp() * logp, 0)
-
-
 class _VocabChunks(torch.autograd.Function):
     """Log-probs (and entropies, argmax) at N selected positions, computed and differentiated chunk by chunk.
 
@@ -85,12 +80,13 @@ class _VocabChunks(torch.autograd.Function):
         predicted = torch.empty(n, dtype=torch.long, device=device)
         for start in range(0, n, chunk):
             sl = slice(start, start + chunk)
-            logp = _chunk_logits(source, weight, bias, index, sl, temperature)
-            predicted[sl] = logp.argmax(-1)
-            logp -= torch.logsumexp(logp, -1, keepdim=True)
+            logits = _chunk_logits(source, weight, bias, index, sl, temperature)
+            predicted[sl] = logits.argmax(-1)
+            logp, p = _log_softmax_and_softmax(logits)
             logps[sl] = logp.gather(-1, targets[sl, None]).squeeze(-1)
             if with_entropy:
-                entropy[sl] = -_plogp(logp).sum(-1)
+                entropy[sl] = -_plogp_(p, logp).sum(-1)
+            del logits, logp, p
         ctx.save_for_backward(source, weight, bias, targets, *index)
         ctx.settings = (temperature, chunk, entropy_grad and with_entropy)
         ctx.mark_non_differentiable(predicted)
@@ -108,9 +104,9 @@ class _VocabChunks(torch.autograd.Function):
         grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_bias else None
         for start in range(0, targets.shape[0], chunk):
             sl = slice(start, start + chunk)
-            logp = _chunk_logits(source, weight, bias, index, sl, temperature)
-            logp -= torch.logsumexp(logp, -1, keepdim=True)
-            g = _chunk_grad(logp, targets[sl], grad_logps[sl], grad_entropy[sl] if entropy_grad else None)
+            logp, p = _log_softmax_and_softmax(_chunk_logits(source, weight, bias, index, sl, temperature))
+            g = _chunk_grad(logp, p, targets[sl], grad_logps[sl], grad_entropy[sl] if entropy_grad else None)
+            del logp
             if temperature != 1.0:
                 g /= temperature
             rows = tuple(i[sl] for i in index)
@@ -130,16 +126,31 @@ class _VocabChunks(torch.autograd.Function):
         return grad_source, grad_weight, grad_bias, None, None, None, None, None, None
 
 
-def _chunk_grad(logp: Tensor, targets: Tensor, grad_logps: Tensor, grad_entropy: Tensor | None) -> Tensor:
-    """d(loss)/d(logits) of one chunk, float32 (c, V), from the log-softmax ``logp`` (c, V) (overwritten).
+def _log_softmax_and_softmax(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """``(log_softmax, softmax)`` of float logits ``(c, V)`` with one ``exp`` pass and one extra buffer: the
+    log-softmax is written over ``logits``."""
+    logits -= logits.amax(-1, keepdim=True)  # shifted: the largest is 0
+    p = logits.exp()
+    total = p.sum(-1, keepdim=True)
+    logits -= total.log()
+    p /= total
+    return logits, p
+
+
+def _plogp_(p: Tensor, logp: Tensor) -> Tensor:
+    """``p * log p`` written over ``p``, with its limit 0 where ``log p`` is -inf (masked logits: 0 * -inf)."""
+    return p.mul_(logp).nan_to_num_(nan=0.0)
+
+
+def _chunk_grad(logp: Tensor, p: Tensor, targets: Tensor, grad_logps: Tensor, grad_entropy: Tensor | None) -> Tensor:
+    """d(loss)/d(logits) of one chunk, float32 ``(c, V)``, from its log-softmax and softmax (``p`` is overwritten).
 
     ``d log p_y / d z = onehot(y) - p``; ``d H / d z = -p * (log p + H)`` with ``H = -sum p log p``.
     """
     if grad_entropy is not None:
-        plogp = _plogp(logp)
+        plogp = _plogp_(p.clone(), logp)
         ent = -plogp.sum(-1, keepdim=True)
-        entropy_part = (plogp + logp.exp() * ent) * -grad_entropy[:, None]
-    p = logp.exp_()
+        entropy_part = plogp.add_(p * ent).mul_(-grad_entropy[:, None])
     g = p.mul_(-grad_logps[:, None])
     g.scatter_add_(-1, targets[:, None], grad_logps[:, None].to(g.dtype))
     if grad_entropy is not None:

@@ -195,7 +195,7 @@ def test_linear_cross_entropy_equals_torch_cross_entropy():
 
 
 def test_default_chunk_size_bounds_a_chunk():
-    assert default_chunk_size(151_936) * 151_936 * 4 <= 64 * 2**20
+    assert default_chunk_size(151_936) * 151_936 * 4 <= 32 * 2**20
     assert default_chunk_size(10**12) == 1
 
 

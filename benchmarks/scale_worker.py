@@ -1,0 +1,202 @@
+"""One timed run of replayrl's or TRL's SFT, DPO, reward or GRPO trainer at real vocabulary size (run by `scale.py`).
+
+    python benchmarks/scale_worker.py --impl replayrl --trainer sft --model-dir DIR --data-file FILE [...]
+
+Prints `RESULT {json}`: wall seconds of every optimizer step (between two `on_step_end` callbacks, so everything
+the Trainer does), the tokens of every step, and the memory `train()` used above what the process held when it was
+called: on a GPU `torch.cuda.max_memory_allocated()` (peak statistics reset just before `train()`) minus the
+allocation then; on a CPU the peak resident set size during `train()` minus the RSS just before it, the peak taken
+from the kernel's high-water mark (reset through /proc/self/clear_refs) and, as a cross-check, a thread sampling
+VmRSS every millisecond; the larger of the two is reported. Imports only the standard library at module level: it
+also runs inside the TRL virtualenv, where replayrl is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+
+from common import make_random_reward, rss_mib  # noqa: E402
+
+# Spelled out for every trainer and both libraries: TRL 1.16 defaults to bf16=True and gradient checkpointing.
+COMMON = dict(
+    lr_scheduler_type="constant",
+    max_grad_norm=1.0,
+    gradient_checkpointing=False,
+    logging_steps=1,
+    save_strategy="no",
+    report_to="none",
+    disable_tqdm=True,
+    dataloader_num_workers=0,
+    dataloader_pin_memory=False,
+    seed=0,
+)
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--impl", choices=["replayrl", "trl"], required=True)
+    p.add_argument("--trainer", choices=["sft", "dpo", "reward", "grpo"], required=True)
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--data-file", required=True)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--max-length", type=int, default=256)
+    p.add_argument("--num-generations", type=int, default=4)
+    p.add_argument("--max-completion-length", type=int, default=32)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3)
+    return p.parse_args()
+
+
+class Memory:
+    """Memory `train()` uses above its start: CUDA allocator peak on a GPU, else peak RSS (HWM + sampling)."""
+
+    def __init__(self, cuda: bool):
+        self.cuda, self.peak_sampled, self.running = cuda, 0.0, False
+
+    def start(self) -> None:
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated() / 2**20
+            return
+        try:  # "5": reset the peak RSS (VmHWM) to the current RSS (Linux >= 4.0)
+            Path("/proc/self/clear_refs").write_text("5")
+            self.hwm_reset = True
+        except OSError:
+            self.hwm_reset = False
+        self.base = rss_mib()
+        self.running = True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while self.running:
+            self.peak_sampled = max(self.peak_sampled, rss_mib())
+            time.sleep(0.001)
+
+    def stop(self) -> dict:
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() / 2**20
+            return {"memory_kind": "cuda_max_allocated", "base_mib": self.base, "peak_mib": peak}
+        self.running = False
+        self.thread.join()
+        from common import peak_rss_mib
+
+        hwm = peak_rss_mib() if self.hwm_reset else 0.0
+        peak = max(hwm, self.peak_sampled)
+        return {"memory_kind": "rss", "base_mib": self.base, "peak_mib": peak, "hwm_mib": hwm,
+                "sampled_mib": self.peak_sampled}  # fmt: skip
+
+
+def library(impl: str):
+    if impl == "trl":
+        import trl
+
+        return trl
+    sys.path.insert(0, str(BENCH_DIR.parent))
+    import replayrl
+
+    return replayrl
+
+
+def build(args, lib, cuda: bool, count):
+    """(trainer, tokens of a step or None when counted by the collator)."""
+    import torch
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    data = load_dataset("json", data_files=args.data_file, split="train")
+    tok = AutoTokenizer.from_pretrained(args.model_dir)
+    common = dict(COMMON, output_dir=tempfile.mkdtemp(prefix="scale-"), max_steps=args.warmup + args.steps)
+    common.update(per_device_train_batch_size=args.batch, bf16=cuda, use_cpu=not cuda)
+    dtype = torch.bfloat16
+    if args.trainer == "grpo":
+        from common import GRPO_SETTINGS
+
+        settings = {**GRPO_SETTINGS, **common, "beta": 0.0, "num_generations": args.num_generations}
+        settings.update(max_completion_length=args.max_completion_length, model_init_kwargs={"dtype": "bfloat16"})
+        extra = {"use_bias_correction_kl": False} if args.impl == "trl" else {}
+        config = lib.GRPOConfig(**settings, **extra)
+        reward = make_random_reward(0)
+        trainer = lib.GRPOTrainer(model=args.model_dir, reward_funcs=[reward], args=config, train_dataset=data)
+        return trainer, args.batch * args.max_completion_length  # random weights: EOS almost never sampled
+    if args.trainer == "reward":
+        model = AutoModelForSequenceClassification.from_pretrained(args.model_dir + "-rm", num_labels=1, dtype=dtype)
+        extra = {} if args.impl == "trl" else {"append_eos": True}  # TRL appends EOS to text pairs
+        config = lib.RewardConfig(learning_rate=1e-5, max_length=args.max_length, **common, **extra)
+        trainer = lib.RewardTrainer(model, args=config, train_dataset=data, processing_class=tok)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=dtype)
+        if args.trainer == "sft":
+            config = lib.SFTConfig(learning_rate=1e-5, max_length=args.max_length, packing=False, **common)
+            trainer = lib.SFTTrainer(model, args=config, train_dataset=data, processing_class=tok)
+        else:
+            config = lib.DPOConfig(learning_rate=1e-6, beta=0.1, max_length=args.max_length, **common)
+            trainer = lib.DPOTrainer(model, args=config, train_dataset=data, processing_class=tok)
+    inner = trainer.data_collator
+
+    def counting_collator(features):
+        count.append(sum(len(v) for f in features for k, v in f.items() if _is_token_ids(k, v)))
+        return inner(features)
+
+    trainer.data_collator = counting_collator
+    return trainer, None
+
+
+def _is_token_ids(key: str, value) -> bool:
+    """A feature holding token ids (``input_ids``, ``prompt_ids``, ``input_ids_chosen``, ...; not position ids)."""
+    ids = ("input_ids" in key or key.endswith("_ids")) and not any(w in key for w in ("position", "type", "attention"))
+    return ids and isinstance(value, list)
+
+
+def main() -> None:
+    args = parse()
+    import torch
+    from transformers import TrainerCallback
+
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        torch.set_num_threads(1)
+    lib = library(args.impl)
+    count: list[int] = []
+    trainer, fixed_tokens = build(args, lib, cuda, count)
+    ends: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, *a, **k):
+            ends.append(time.perf_counter())
+
+        def on_step_end(self, *a, **k):
+            if cuda:
+                torch.cuda.synchronize()
+            ends.append(time.perf_counter())
+
+    trainer.add_callback(Clock())
+    memory = Memory(cuda)
+    memory.start()
+    trainer.train()
+    mem = memory.stop()
+    steps = [b - a for a, b in zip(ends, ends[1:])][args.warmup :]
+    tokens = [fixed_tokens] * len(steps) if fixed_tokens else count[args.warmup : args.warmup + len(steps)]
+    loss = next((r["loss"] for r in trainer.state.log_history if "loss" in r), None)
+    result = {"impl": args.impl, "trainer": args.trainer, "steps": steps, "tokens_per_step": tokens, "loss": loss}
+    result.update(mem, working_set_mib=mem["peak_mib"] - mem["base_mib"])
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
