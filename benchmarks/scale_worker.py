@@ -24,21 +24,13 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
-from common import make_random_reward, rss_mib  # noqa: E402
+from common import GRPO_SETTINGS, make_random_reward, rss_mib  # noqa: E402
 
-# Spelled out for every trainer and both libraries: TRL 1.16 defaults to bf16=True and gradient checkpointing.
-COMMON = dict(
-    lr_scheduler_type="constant",
-    max_grad_norm=1.0,
-    gradient_checkpointing=False,
-    logging_steps=1,
-    save_strategy="no",
-    report_to="none",
-    disable_tqdm=True,
-    dataloader_num_workers=0,
-    dataloader_pin_memory=False,
-    seed=0,
-)
+# Spelled out for every trainer and both libraries (TRL 1.16 defaults to bf16=True and gradient checkpointing):
+# GRPO's shared settings where they apply to every trainer, plus these.
+_SHARED = ("max_grad_norm", "gradient_checkpointing", "logging_steps", "save_strategy", "report_to", "disable_tqdm")
+COMMON = {k: GRPO_SETTINGS[k] for k in (*_SHARED, "dataloader_num_workers")}
+COMMON.update(lr_scheduler_type="constant", dataloader_pin_memory=False, seed=0)
 
 
 def parse() -> argparse.Namespace:
@@ -125,8 +117,6 @@ def build(args, lib, cuda: bool, count):
     common.update(per_device_train_batch_size=args.batch, bf16=cuda, use_cpu=not cuda)
     dtype = torch.bfloat16
     if args.trainer == "grpo":
-        from common import GRPO_SETTINGS
-
         settings = {**GRPO_SETTINGS, **common, "beta": 0.0, "num_generations": args.num_generations}
         settings.update(max_completion_length=args.max_completion_length, model_init_kwargs={"dtype": "bfloat16"})
         extra = {"use_bias_correction_kl": False} if args.impl == "trl" else {}
