@@ -2,7 +2,10 @@
 
 A checkpoint directory is *complete* once it holds `replayrl_complete.json`, written last (after the model,
 optimizer, RNG and trainer state, and every process's extra state). Resuming uses complete checkpoints only, so
-a kill at any moment of a save leaves the previous complete checkpoint as the one to resume from.
+a kill at any moment of a save leaves the previous complete checkpoint as the one to resume from. The marker also
+records the size and checksum of every file of the checkpoint (`replayrl.checksums`); resuming recomputes them
+and refuses a damaged checkpoint, naming the file and the checkpoint to fall back to (`verify_checkpoint`, also
+`replayrl verify CHECKPOINT`).
 
 Extra state is any nest of dicts, lists and tuples whose leaves are tensors or plain JSON values (None, bool,
 int, float, str). It is stored as two files: `<name>.safetensors` (every tensor, under a flat key) and
@@ -124,9 +127,38 @@ def load_extra_state(checkpoint_dir: str | os.PathLike, name: str) -> Any:
 
 # --------------------------------------------------------------------------------------------- completeness
 def mark_complete(checkpoint_dir: str | os.PathLike, info: dict[str, Any]) -> None:
-    """Write the completeness marker (with `info`: the settings the state depends on), last and atomically."""
+    """Write the completeness marker, last and atomically: `info` (the settings the state depends on) and the
+    size and checksum of every other file of the checkpoint (under "checksums")."""
+    from replayrl.checksums import record_checksums
+
     path = Path(checkpoint_dir) / COMPLETE_MARKER
+    info = {**info, "checksums": record_checksums(checkpoint_dir, exclude=(COMPLETE_MARKER,))}
     _atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(info, sort_keys=True)))
+
+
+def verify_checkpoint(checkpoint_dir: str | os.PathLike) -> int:
+    """Recompute the checksums the marker recorded; a missing, resized or changed file is a `CheckpointError`
+    naming every such file and the checkpoint to fall back to. Returns the number of files checked (0 for a
+    marker written before replayrl recorded checksums)."""
+    from replayrl.checksums import damaged_files
+
+    path = Path(checkpoint_dir)
+    if not is_complete(path):
+        raise CheckpointError(f"{path} is incomplete (no {COMPLETE_MARKER}). {_fallback_hint(path)}")
+    try:
+        recorded = json.loads((path / COMPLETE_MARKER).read_text()).get("checksums")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+        raise CheckpointError(f"{path / COMPLETE_MARKER} is damaged ({err}). {_fallback_hint(path)}") from err
+    if recorded is None:
+        return 0
+    problems = damaged_files(path, recorded)
+    if problems:
+        listing = "; ".join(f"{name} ({what})" for name, what in problems)
+        raise CheckpointError(
+            f"checkpoint {path} is damaged: {listing}. Its files changed after the save, so resuming from it would "
+            f"train on corrupted state. {_fallback_hint(path)}"
+        )
+    return len(recorded["files"])
 
 
 def is_complete(checkpoint_dir: str | os.PathLike) -> bool:
@@ -154,9 +186,17 @@ def _fallback_hint(checkpoint_dir: Path) -> str:
     return "There is no complete checkpoint to fall back to in that directory: start a new run."
 
 
-def resolve_resume(resume_from_checkpoint: str | bool | None, output_dir: str) -> Path | None:
+def resolve_resume(resume_from_checkpoint: str | bool | None, output_dir: str, verify: bool = True) -> Path | None:
     """The checkpoint to resume from: `True` means the last complete one in `output_dir` (an error if none);
-    a path must be a complete checkpoint. Incomplete ones (a save that was killed) are never used."""
+    a path must be a complete checkpoint. Incomplete ones (a save that was killed) are never used, and with
+    `verify` a damaged one is an error (`verify_checkpoint`)."""
+    path = _resolve_resume(resume_from_checkpoint, output_dir)
+    if path is not None and verify:
+        verify_checkpoint(path)
+    return path
+
+
+def _resolve_resume(resume_from_checkpoint: str | bool | None, output_dir: str) -> Path | None:
     if resume_from_checkpoint in (None, False):
         return None
     if resume_from_checkpoint is True:

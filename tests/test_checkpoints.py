@@ -16,6 +16,7 @@ from replayrl.checkpoints import (
     mark_complete,
     resolve_resume,
     save_extra_state,
+    verify_checkpoint,
 )
 
 
@@ -123,3 +124,55 @@ def test_settings_mismatch_is_an_error_unless_adaptable(tmp_path):
     assert check_settings(tmp_path, {"trainer": "T", "num_generations": 4, "size": 16}, {"size"}) == {"size": 8}
     with pytest.raises(CheckpointError, match="num_generations: checkpoint 4, now 8"):
         check_settings(tmp_path, {"trainer": "T", "num_generations": 8, "size": 8}, {"size"})
+
+
+def overwrite_4k(path):
+    """4 KiB of plausible float32 values over the middle of a file (all of it if smaller); the size is kept."""
+    size = path.stat().st_size
+    n = min(4096, size)
+    start = (size - n) // 2
+    noise = torch.randn(4096 // 4, generator=torch.Generator().manual_seed(0)).numpy().tobytes()[:n]
+    with open(path, "r+b") as f:
+        f.seek(start)
+        f.write(noise)
+
+
+def test_marker_records_every_file_and_verify_names_each_damaged_one(tmp_path):
+    good, bad = tmp_path / "checkpoint-2", tmp_path / "checkpoint-4"
+    for directory in (good, bad):
+        save_extra_state(directory, "state", {"w": torch.randn(3000)})
+        (directory / "shard").mkdir()
+        (directory / "shard" / "optimizer.bin").write_bytes(torch.randn(5000).numpy().tobytes())
+        mark_complete(directory, {"trainer": "T"})
+    recorded = json.loads((bad / COMPLETE_MARKER).read_text())["checksums"]
+    assert sorted(recorded["files"]) == ["shard/optimizer.bin", "state.json", "state.safetensors"]
+    assert verify_checkpoint(bad) == 3
+    overwrite_4k(bad / "shard" / "optimizer.bin")
+    (bad / "state.json").write_text("{}")
+    with pytest.raises(CheckpointError, match=r"shard/optimizer\.bin \(contents.*state\.json \(2 bytes.*checkpoint-2"):
+        resolve_resume(True, str(tmp_path))  # the last complete checkpoint is checked before it is used
+    (bad / "state.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"state\.safetensors \(missing\)"):
+        verify_checkpoint(bad)
+    assert resolve_resume(str(bad), str(tmp_path), verify=False) == bad  # what the CLI uses before loading
+
+
+def test_a_marker_without_checksums_is_still_resumed(tmp_path):
+    """Checkpoints written before replayrl recorded checksums: nothing to compare, so nothing is refused."""
+    save_extra_state(tmp_path, "state", {"w": torch.zeros(2)})
+    (tmp_path / COMPLETE_MARKER).write_text(json.dumps({"trainer": "T"}))
+    assert verify_checkpoint(tmp_path) == 0
+
+
+def test_replayrl_verify_command(tmp_path, capsys):
+    from replayrl.cli import main
+
+    checkpoint = tmp_path / "checkpoint-3"
+    save_extra_state(checkpoint, "state", {"w": torch.randn(3000)})
+    mark_complete(checkpoint, {})
+    assert main(["verify", str(checkpoint)]) == 0
+    assert "ok (2 files match" in capsys.readouterr().out
+    overwrite_4k(checkpoint / "state.safetensors")
+    assert main(["verify", str(checkpoint)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("replayrl: error: checkpoint") and "state.safetensors (contents changed" in err

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import signal
+import sys
 
 from replayrl.cli.common import PROG, ArgParser, CLIError, HelpFormatter
 
@@ -67,7 +68,12 @@ def run(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         server.start(timeout=args.startup_timeout)
-        print(f"{PROG} vllm-serve: ready at http://{args.host}:{args.port} (model {args.model})", flush=True)
+        from replayrl.generation.vllm_server import server_info
+
+        dtype = server_info(server.base_url).get("dtype", "unknown")
+        url = f"http://{args.host}:{args.port}"
+        print(f"{PROG} vllm-serve: ready at {url} (model {args.model}, runs in {dtype}; --dtype {args.dtype})")
+        sys.stdout.flush()
         return server.wait()
     except KeyboardInterrupt:
         return 0

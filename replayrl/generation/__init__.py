@@ -14,7 +14,7 @@ def build_backend(args, model, tokenizer, generation_config):
     if args.vllm_mode == "server":
         from replayrl.generation.vllm_server import VLLMServerBackend
 
-        return VLLMServerBackend.from_config(args, tokenizer)
+        return VLLMServerBackend.from_config(args, tokenizer, model)
     from replayrl.generation.vllm_colocate import VLLMColocateBackend
 
     return VLLMColocateBackend.from_config(args, model, tokenizer)

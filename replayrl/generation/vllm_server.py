@@ -11,17 +11,21 @@ syncs; the others wait at a barrier.
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 import time
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from replayrl.generation.base import GenerationOutput, hf_state_dict, merged_adapter, pad_completions, unpad_prompts
-from replayrl.generation.vllm_worker import RELOAD_METHOD
+from replayrl.generation.vllm_worker import INFO_METHOD, RELOAD_METHOD
+
+logger = logging.getLogger(__name__)
 
 
 class ServerError(ConnectionError):
@@ -63,6 +67,41 @@ def wait_for_server(base_url: str, timeout: float, process=None) -> None:
         time.sleep(1.0)
 
 
+def server_info(base_url: str, timeout: float = 30.0) -> dict:
+    """What a `replayrl vllm-serve` server runs ({"dtype": ...}), asked of its workers through `/collective_rpc`;
+    {} from a server without replayrl's worker extension."""
+    try:
+        response = _request(f"{base_url}/collective_rpc", {"method": INFO_METHOD}, timeout=timeout) or {}
+    except ServerError:
+        return {}
+    results = response.get("results") or [{}]
+    return results[0] if isinstance(results[0], dict) else {}
+
+
+def dtype_mismatch(server_dtype: str | None, trainer_dtype: str) -> str | None:
+    """The warning to give when the server computes in another dtype than the trainer (None when they agree or
+    the server did not say)."""
+    if server_dtype is None or server_dtype == trainer_dtype:
+        return None
+    return (
+        f"the vLLM server runs the model in {server_dtype} but the trainer computes in {trainer_dtype}: the "
+        "engine's and the trainer's log-probs will differ by rounding (e.g. ~2e-3 for bfloat16 against float32 "
+        f"instead of ~1e-6), which the importance-sampling correction then treats as off-policy drift. Start the "
+        f"server with `replayrl vllm-serve --dtype {trainer_dtype}` (vLLM's 'auto' runs float32 checkpoints in "
+        "bfloat16 on CPU), or train in the server's dtype."
+    )
+
+
+def trainer_dtype(args, model) -> str:
+    """The dtype the trainer's log-probs are computed in: the mixed-precision dtype if bf16/fp16, else the
+    weights'."""
+    if getattr(args, "bf16", False):
+        return "bfloat16"
+    if getattr(args, "fp16", False):
+        return "float16"
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
 def server_url(args) -> str:
     """Base URL from GRPOConfig: `vllm_server_base_url`, else http://host:port (0.0.0.0 = this machine)."""
     if args.vllm_server_base_url:
@@ -100,11 +139,15 @@ class VLLMServerBackend:
         self.model_name = (models.get("data") or [{}])[0].get("id")
 
     @classmethod
-    def from_config(cls, args, tokenizer) -> VLLMServerBackend:
+    def from_config(cls, args, tokenizer, model=None) -> VLLMServerBackend:
         from replayrl.generation.vllm_colocate import sampling_kwargs
 
         base_url = server_url(args)
         wait_for_server(base_url, args.vllm_server_timeout)
+        info = server_info(base_url)
+        logger.info("vLLM server at %s runs %s", base_url, info or "an unknown configuration")
+        if model is not None and (message := dtype_mismatch(info.get("dtype"), trainer_dtype(args, model))):
+            warnings.warn(message, UserWarning, stacklevel=2)
         sampling = sampling_kwargs(args, args.max_completion_length)
         sampling["logprobs"] = 0
         eos = tokenizer.eos_token_id

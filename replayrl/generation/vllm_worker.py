@@ -6,6 +6,14 @@ from __future__ import annotations
 
 WORKER_EXTENSION = "replayrl.generation.vllm_worker.ReplayRLWorkerExtension"
 RELOAD_METHOD = "replayrl_reload_weights"
+INFO_METHOD = "replayrl_info"
+
+
+def worker_info(worker) -> dict:
+    """What the worker runs: {"dtype": the loaded weights' dtype, e.g. "bfloat16"}. vLLM's `--dtype auto` takes
+    the checkpoint's dtype on GPU but bfloat16 for a float32 checkpoint on CPU, so the server says which."""
+    weights = next(worker.model_runner.model.parameters())
+    return {"dtype": str(weights.dtype).removeprefix("torch.")}
 
 
 def repack_tied_lm_head(model) -> None:
@@ -37,3 +45,6 @@ class ReplayRLWorkerExtension:
 
     def replayrl_reload_weights(self, path: str) -> None:
         reload_weights(self, path=path)
+
+    def replayrl_info(self) -> dict:
+        return worker_info(self)

@@ -9,7 +9,7 @@ from typing import Any
 def check_datasets(args, train_dataset, eval_dataset, reward_funcs) -> None:
     """Train and eval datasets against the config and the columns the reward functions read."""
     if train_dataset is None:  # allowed until train() (TRL: a trainer for its methods, or for evaluation only)
-        return _check_eval(eval_dataset, reward_funcs, set())
+        return _check_eval(args, eval_dataset, reward_funcs, set())
     _check_prompts("train_dataset", train_dataset)
     _check_required_columns("train_dataset", train_dataset, reward_funcs.columns_required())
     needed = args.generation_batch_size // args.num_generations
@@ -20,12 +20,13 @@ def check_datasets(args, train_dataset, eval_dataset, reward_funcs) -> None:
             f"{args.num_generations}), so training would run 0 steps. Add prompts, or lower "
             "per_device_train_batch_size / steps_per_generation / gradient_accumulation_steps."
         )
-    _check_eval(eval_dataset, reward_funcs, set(_columns(train_dataset) or ()))
+    _check_eval(args, eval_dataset, reward_funcs, set(_columns(train_dataset) or ()))
 
 
-def _check_eval(eval_dataset, reward_funcs, train_columns: set[str]) -> None:
+def _check_eval(args, eval_dataset, reward_funcs, train_columns: set[str]) -> None:
     if eval_dataset is None:
         return
+    check_eval_batch(args)
     reward_columns = reward_funcs.columns_used()
     for name, ds in _named(eval_dataset):
         _check_prompts(name, ds)
@@ -36,6 +37,18 @@ def _check_eval(eval_dataset, reward_funcs, train_columns: set[str]) -> None:
                 f"{name} lacks the column(s) {missing} that the reward functions read (train_dataset has them); "
                 "evaluation would fail at its first batch. Add them to the eval dataset."
             )
+
+
+def check_eval_batch(args) -> None:
+    """Each process evaluates whole groups: per_device_eval_batch_size a multiple of the eval group size."""
+    group = args.num_generations_eval or args.num_generations
+    if args.per_device_eval_batch_size % group != 0:
+        fit = max(group, args.per_device_eval_batch_size // group * group)
+        raise ValueError(
+            f"per_device_eval_batch_size ({args.per_device_eval_batch_size}) must be a multiple of "
+            f"{'num_generations_eval' if args.num_generations_eval else 'num_generations'} ({group}) so that each "
+            f"process evaluates whole groups; set per_device_eval_batch_size={fit}, or another multiple of {group}."
+        )
 
 
 def _check_required_columns(name: str, dataset, required: dict[str, set[str]]) -> None:

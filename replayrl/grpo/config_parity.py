@@ -215,8 +215,6 @@ def _validate_eval_generations(cfg) -> None:
         return
     if g < 1:
         raise ValueError(f"num_generations_eval must be >= 1 (got {g}).")
-    if cfg.per_device_eval_batch_size % g != 0:
-        raise ValueError(
-            f"per_device_eval_batch_size ({cfg.per_device_eval_batch_size}) must be a multiple of "
-            f"num_generations_eval ({g}) so that each process evaluates whole groups."
-        )
+    from replayrl.grpo.checks import check_eval_batch
+
+    check_eval_batch(cfg)  # with num_generations alone, checked when the trainer is given an eval_dataset

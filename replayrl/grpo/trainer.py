@@ -33,7 +33,7 @@ from replayrl.data.prompts import is_conversational, prompts_to_text, tokenize_p
 from replayrl.generation import build_backend
 from replayrl.generation.hf import build_generation_config
 from replayrl.grpo import options
-from replayrl.grpo.checks import check_datasets
+from replayrl.grpo.checks import check_datasets, check_eval_batch
 from replayrl.grpo.config import GRPOConfig
 from replayrl.grpo.generation import engine_correction, sync_generator
 from replayrl.grpo.objective import EntropyController, Inputs, entropy_pool, grpo_objective
@@ -194,11 +194,7 @@ class GRPOTrainer(
 
     def _get_eval_sampler(self, eval_dataset):
         G = self.num_generations_eval
-        if self.args.per_device_eval_batch_size % G != 0:
-            raise ValueError(
-                f"per_device_eval_batch_size ({self.args.per_device_eval_batch_size}) must be a multiple of "
-                f"num_generations ({G}) so that each process evaluates whole groups."
-            )
+        check_eval_batch(self.args)  # checked at construction too when eval_dataset was given there
         return RepeatSampler(eval_dataset, mini_repeat_count=G, shuffle=False, seed=self.args.seed)
 
     # ----------------------------------------------------------------------------------------- rollouts

@@ -63,3 +63,47 @@ def test_cli_vllm_serve_without_vllm_names_the_extra(capsys):
     assert main(["vllm-serve", "--model", "m"]) == 2
     err = capsys.readouterr().err
     assert "pip install replayrl[vllm]" in err and err.count("\n") == 1
+
+
+def test_server_dtype_is_asked_of_the_workers_and_a_mismatch_is_explained(model, tmp_path):
+    """The client side of `replayrl_info` against an HTTP server answering `/collective_rpc` as vLLM's dev endpoint
+    does ({"results": [one value per worker]}); the worker side on a module standing in for the loaded model."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from types import SimpleNamespace
+
+    from replayrl.generation.vllm_server import dtype_mismatch, server_info, trainer_dtype
+    from replayrl.generation.vllm_worker import INFO_METHOD, ReplayRLWorkerExtension
+
+    worker = ReplayRLWorkerExtension()
+    worker.model_runner = SimpleNamespace(model=model.to(torch.bfloat16))
+    calls = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            calls.append(body)
+            payload = json.dumps({"results": [getattr(worker, body["method"])()]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert server_info(f"http://127.0.0.1:{server.server_port}") == {"dtype": "bfloat16"}
+    finally:
+        server.shutdown()
+    assert calls == [{"method": INFO_METHOD}]
+    assert server_info(f"http://127.0.0.1:{free_port()}", timeout=2.0) == {}  # no server: nothing known
+    args = GRPOConfig(output_dir=str(tmp_path))
+    assert trainer_dtype(args, model.float()) == "float32"
+    args.bf16 = True
+    assert trainer_dtype(args, model) == "bfloat16"
+    assert dtype_mismatch("bfloat16", "bfloat16") is None and dtype_mismatch(None, "float32") is None
+    assert "--dtype float32" in dtype_mismatch("bfloat16", "float32")

@@ -195,6 +195,16 @@ def test_eval_logs_eval_metrics(model, tokenizer, dataset, tmp_path):
     assert evals and "eval_reward" in evals[0]
 
 
+def test_eval_batch_not_a_multiple_of_num_generations_is_refused_at_construction(model, tokenizer, dataset, tmp_path):
+    args = tiny_args(GRPOConfig, tmp_path, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=6)
+    with pytest.raises(ValueError, match=r"per_device_eval_batch_size \(6\).*num_generations \(4\).*=4"):
+        GRPOTrainer(model=model, reward_funcs=varied_reward, args=args, train_dataset=dataset,
+                    eval_dataset=dataset.select(range(2)), processing_class=tokenizer)  # fmt: skip
+    # without an eval dataset nothing is evaluated, so nothing is refused
+    args = tiny_args(GRPOConfig, tmp_path, per_device_eval_batch_size=6)
+    GRPOTrainer(model=model, reward_funcs=varied_reward, args=args, train_dataset=dataset, processing_class=tokenizer)
+
+
 def test_peft_lora_with_kl_uses_the_base_model_as_reference(model, tokenizer, dataset, tmp_path):
     from peft import LoraConfig
 

@@ -97,3 +97,17 @@ def test_a_fresh_run_into_a_directory_with_checkpoints_is_refused_unless_overwri
     trainer = run_replay(tmp_path, max_steps=2, overwrite_output_dir=True)
     assert trainer.state.global_step == 2
     assert [p.name for p in tmp_path.glob("checkpoint-*")] == ["checkpoint-2"]
+
+
+@pytest.mark.parametrize("damaged", ["model.safetensors", "optimizer.pt", "replayrl_state_rank0.safetensors"])
+def test_a_damaged_file_is_an_error_on_resume_naming_it_and_the_fallback(damaged, tmp_path):
+    """4 KiB of plausible floats over a file of the last checkpoint: neither safetensors nor torch would notice;
+    the checksums recorded in the marker do, before anything is loaded."""
+    from tests.test_checkpoints import overwrite_4k
+
+    out = tmp_path / "run"
+    run_replay(out, max_steps=4, save_total_limit=None)
+    overwrite_4k(out / "checkpoint-4" / damaged)
+    with pytest.raises(CheckpointError, match=rf"checkpoint-4 is damaged: {damaged}.*Resume from .*checkpoint-2"):
+        run_replay(out, resume=True, max_steps=6)
+    assert run_replay(out, resume=str(out / "checkpoint-2"), max_steps=6).state.global_step == 6

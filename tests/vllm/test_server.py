@@ -10,7 +10,7 @@ import pytest
 
 from replayrl import GRPOConfig, GRPOTrainer
 from replayrl.generation.vllm_colocate import free_port
-from replayrl.generation.vllm_server import ServerError, wait_for_server
+from replayrl.generation.vllm_server import ServerError, server_info, wait_for_server
 from replayrl.models.tiny import prompt_dataset
 from tests.vllm.test_grpo import _history, _vllm_args, digit_reward
 
@@ -27,6 +27,10 @@ def test_grpo_trains_against_replayrl_vllm_serve(tmp_path, vllm_model_dir):
         wait_for_server(url, 600, server)
         args = _vllm_args(GRPOConfig, tmp_path, vllm_mode="server", vllm_server_port=port, max_steps=3)
         trainer = GRPOTrainer(vllm_model_dir, digit_reward, args=args, train_dataset=prompt_dataset(24))
+        assert server_info(url) == {"dtype": "float32"}  # what it runs, asked of its workers
+        with pytest.warns(UserWarning, match="runs the model in float32 but the trainer computes in bfloat16"):
+            GRPOTrainer(vllm_model_dir, digit_reward, args=_vllm_args(GRPOConfig, tmp_path / "bf16", vllm_mode="server",
+                        vllm_server_port=port, bf16=True), train_dataset=prompt_dataset(24))  # fmt: skip
         trainer.train()
         assert len(_history(trainer, "reward")) == 3
         # steps 2 and 3 generated after optimizer steps at lr 3e-2: only a working sync keeps this at ~0
@@ -37,5 +41,6 @@ def test_grpo_trains_against_replayrl_vllm_serve(tmp_path, vllm_model_dir):
         status = server.wait(timeout=120)
         log.close()
     assert status == 0, (tmp_path / "server.log").read_text()[-2000:]
+    assert "runs in float32; --dtype float32" in (tmp_path / "server.log").read_text()
     with pytest.raises(ServerError):
         wait_for_server(url, timeout=1)
