@@ -82,6 +82,7 @@ class SFTDataCollator:
             batch["attention_mask"] = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _, _ in rows])
             return batch
         batch["position_ids"] = torch.tensor([position_ids_from_lengths(lengths, width) for lengths in seq_lengths])
+        batch["token_mask"] = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _, _ in rows])
         mask = block_causal_mask(seq_lengths, width)
         batch["attention_mask"] = additive_mask(mask, self.mask_dtype) if self.attn_implementation == "eager" else mask
         return batch
@@ -105,6 +106,7 @@ class SFTDataCollator:
             "max_length_q": max(lengths),
             "max_length_k": max(lengths),
             "token_count": torch.tensor(len(ids)),
+            "token_mask": torch.tensor([[1] * len(ids) + [0] * pad]),
         }
 
 

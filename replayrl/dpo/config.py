@@ -30,6 +30,13 @@ class DPOConfig(TrainingArguments):
     ref_model_init_kwargs: dict[str, Any] | str | None = field(
         default=None, metadata=_help("Keyword arguments for `from_pretrained` when `ref_model` is a name or path.")
     )
+    router_aux_loss_coef: float | None = field(
+        default=None,
+        metadata=_help(
+            "Weight of the mixture-of-experts router load-balancing loss added to the training loss (TRL's). None: "
+            "the model config's `router_aux_loss_coef`; 0.0 turns it off; non-zero with a dense model raises."
+        ),
+    )
     # Data
     remove_unused_columns: bool | None = field(
         default=False, metadata=_help("Kept False: the trainer tokenises the preference columns itself.")

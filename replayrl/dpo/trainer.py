@@ -29,13 +29,14 @@ from replayrl.accumulation import OwnLossScalingMixin, micro_batch_share
 from replayrl.algos.preference import PairLogps, dpo_losses, implicit_rewards, wpo_weights
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.preference import DPODataCollator, dataset_kind, tokenize_dpo_row
-from replayrl.data.prefix_sharing import SIDES, SharedPrefixRows, share_prefixes_for
+from replayrl.data.prefix_sharing import PADDING, PREFIX, SIDES, SharedPrefixRows, share_prefixes_for
 from replayrl.data.streaming import column_names, is_streaming, map_options, prepare_streaming_training
 from replayrl.dpo.config import DPOConfig
 from replayrl.dpo.sequence_logps import packed_sums, padded_sums, shared_sums
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.attention import is_peft_model
 from replayrl.models.loading import load_causal_lm
+from replayrl.models.moe import RouterAuxLossMixin
 from replayrl.models.reference import SyncRefModelCallback
 
 SEED_ARGS = (
@@ -56,7 +57,7 @@ def _disable_dropout(model: nn.Module) -> None:
             module.p = 0.0
 
 
-class DPOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
+class DPOTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
     """TRL-compatible DPO trainer. Arguments as TRL's `DPOTrainer`; TRL v0.7.1's `beta`, `max_length`, ...
     may also be given here, and override `args`."""
 
@@ -97,6 +98,8 @@ class DPOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
                 "then scores each batch), or load the dataset without streaming=True."
             )
         model, ref_model = self._load_models(model, ref_model, args, peft_config)
+        self._init_router_aux(model, args.router_aux_loss_coef)
+        self._router_token_mask = None
         self.is_peft_model = is_peft_model(model)
         with PartialState().main_process_first():
             train_dataset = self._tokenize(train_dataset, "train_dataset", processing_class, args)
@@ -287,11 +290,14 @@ class DPOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         rows = self._shared_rows(model, batch)
         if rows is not None:
             sums = shared_sums(model, batch, rows, pad, with_logits, wpo)
+            # MoE router loss: real tokens, a shared prompt token twice (as in the two rows per pair of TRL's layout)
+            self._router_token_mask = (rows.segments != PADDING).float() + (rows.segments == PREFIX).float()
         else:
             c = self.concatenated_inputs(batch)
             ids, mask, labels = c["concatenated_input_ids"], c["concatenated_attention_mask"], c["concatenated_labels"]
             layout = packed_sums if self.args.padding_free else padded_sums
             sums = layout(model, ids, mask, labels, pad, with_logits, wpo)
+            self._router_token_mask = None if self.args.padding_free else mask  # packed rows hold real tokens only
         n = batch["chosen_input_ids"].shape[0]
         out = {}
         for key, value in sums.items():
@@ -352,7 +358,9 @@ class DPOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
 
     def get_batch_loss_metrics(self, model, batch: dict[str, Tensor], train_eval: str = "train"):
         """TRL v0.7.1's API: the batch's mean loss, and records its metrics under `train_eval`."""
-        out = self._forward(model, batch)
+        with self._router_capture():
+            out = self._forward(model, batch)
+        router_mask = self._router_token_mask
         if "ref_chosen_logps" in batch:
             ref_c, ref_r = batch["ref_chosen_logps"], batch["ref_rejected_logps"]
         elif self.args.reference_free:
@@ -373,7 +381,7 @@ class DPOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         if self.args.use_weighting:
             losses = losses * wpo_weights(out["chosen_wpo"], out["rejected_wpo"])
         self._record_metrics(train_eval, out, chosen_rewards, rejected_rewards, losses)
-        return losses.mean(), {}
+        return self._add_router_aux(losses.mean(), train_eval, router_mask), {}
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss, metrics = self.get_batch_loss_metrics(model, inputs, "train" if model.training else "eval")
@@ -423,5 +431,6 @@ class DPOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         mode = "eval" if any(k.startswith("eval_") for k in logs) else "train"
         prefix = "eval_" if mode == "eval" else ""
         logs.update({prefix + k: sum(v) / len(v) for k, v in self._metrics[mode].items() if v})
+        logs.update({prefix + k: v for k, v in self._router_aux_logs(mode, self.accelerator.device).items()})
         self._metrics[mode].clear()
         super().log(logs, start_time)

@@ -32,6 +32,13 @@ class SFTConfig(TrainingArguments):
     model_init_kwargs: dict[str, Any] | str | None = field(
         default=None, metadata=_help("Keyword arguments for `from_pretrained` when `model` is a name or path.")
     )
+    router_aux_loss_coef: float | None = field(
+        default=None,
+        metadata=_help(
+            "Weight of the mixture-of-experts router load-balancing loss added to the training loss (TRL's). None: "
+            "the model config's `router_aux_loss_coef`; 0.0 turns it off; non-zero with a dense model raises."
+        ),
+    )
     chat_template_path: str | None = field(
         default=None,
         metadata=_help("A chat template file (.jinja) or tokenizer folder whose template replaces the tokenizer's."),

@@ -39,6 +39,7 @@ from replayrl.data.streaming import first_row, is_streaming, prepare_streaming_t
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.lm_head import forward_to_head
 from replayrl.models.loading import load_causal_lm
+from replayrl.models.moe import RouterAuxLossMixin
 from replayrl.sft.config import SFTConfig
 
 # TRL v0.7.1's constructor arguments that are now SFTConfig fields: name -> config field.
@@ -52,7 +53,7 @@ SEED_CONFIG_KWARGS = {
 SEED_IGNORED_KWARGS = ("infinite", "num_of_sequences", "chars_per_token", "dataset_batch_size")
 
 
-class SFTTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
+class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
     """TRL-compatible supervised fine-tuning trainer; see `SFTConfig` and `docs/sft.md`.
 
     `model`: a name/path (loaded with `args.model_init_kwargs`) or a model object. `train_dataset` /
@@ -90,6 +91,7 @@ class SFTTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
             from peft import get_peft_model
 
             model = get_peft_model(model, peft_config)
+        self._init_router_aux(model, args.router_aux_loss_coef)
         self._eos_token_id = resolve_eos_token_id(processing_class, args.eos_token)
         prepare_streaming_training(args, train_dataset, "SFTTrainer")
         train_dataset = self._prepare(train_dataset, processing_class, args, formatting_func, args.packing)
@@ -235,9 +237,11 @@ class SFTTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         mode = "train" if self.model.training else "eval"
         inputs = dict(inputs)
         token_count = inputs.pop("token_count", None)
+        token_mask = inputs.pop("token_mask", None)  # (B, T) real tokens, for the MoE router loss
         labels = inputs.pop("labels")
         fused = self.compute_loss_func is None and not (return_outputs and self.compute_metrics is not None)
-        outputs, head = forward_to_head(model, fused, **inputs, use_cache=False)
+        with self._router_capture():
+            outputs, head = forward_to_head(model, fused, **inputs, use_cache=False)
         targets = labels[:, 1:]
         mask = targets != IGNORE_INDEX
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.compute_loss_func is None):
@@ -252,8 +256,18 @@ class SFTTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
                 loss = loss * self.accelerator.num_processes  # DDP averages gradients over processes
         elif mode == "train":
             loss = loss / self.current_gradient_accumulation_steps
+        if self.aux_loss_enabled:
+            loss = self._add_sft_router_aux(loss, mode, inputs, token_mask)
         self._record_metrics(mode, stats, targets, mask, token_count if token_count is not None else mask.numel())
         return (loss, outputs) if return_outputs else loss
+
+    def _add_sft_router_aux(self, loss: Tensor, mode: str, inputs: dict, token_mask: Tensor | None) -> Tensor:
+        """The MoE router loss over the batch's real tokens (the collator's `token_mask` for multi-document rows,
+        else a 2-D attention mask), divided by the micro-batches the step accumulates, as the SFT loss is."""
+        if token_mask is None and inputs.get("attention_mask") is not None and inputs["attention_mask"].dim() == 2:
+            token_mask = inputs["attention_mask"]
+        steps = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
+        return self._add_router_aux(loss, mode, token_mask, steps if mode == "train" else 1)
 
     # ----------------------------------------------------------------------------------------- metrics
     def _record_metrics(self, mode: str, stats: TokenStats, targets: Tensor, mask: Tensor, token_count) -> None:
@@ -278,6 +292,7 @@ class SFTTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         if n > 0:  # in place: evaluate() returns them too
             logs[prefix + "mean_token_accuracy"] = correct / n
             logs[prefix + "entropy"] = entropy / n
+        logs.update({prefix + k: v for k, v in self._router_aux_logs(mode, self.accelerator.device).items()})
         if mode == "train" and tokens > 0:  # not on the closing summary: it would count the last window twice
             self._total_tokens += int(tokens)
             logs["num_tokens"] = float(self._total_tokens)

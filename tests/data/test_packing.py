@@ -68,6 +68,7 @@ def test_collator_masks_each_packed_documents_first_label():
     assert batch["labels"].tolist() == [[-100, 6, 7, -100, 9]]
     assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1]]
     assert batch["attention_mask"].shape == (1, 1, 5, 5) and batch["attention_mask"].dtype == torch.bool
+    assert batch["token_mask"].tolist() == [[1, 1, 1, 1, 1]]  # real tokens (the MoE router loss counts them)
 
 
 def test_padding_free_flattens_the_batch():
@@ -88,6 +89,7 @@ def test_flash_attention_batches_are_flat_with_sequence_boundaries():
     assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1, 0]]
     assert batch["cu_seq_lens_q"].tolist() == [0, 3, 5, 7, 8] and batch["max_length_q"] == 3
     assert batch["token_count"].item() == 7
+    assert batch["token_mask"].tolist() == [[1, 1, 1, 1, 1, 1, 1, 0]]
     # unpacked rows without padding_free keep the ordinary padded batch and 2-D mask
     plain = collate([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])
     assert plain["attention_mask"].tolist() == [[1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0, 0]]
@@ -104,7 +106,7 @@ def test_packed_logits_equal_each_document_alone(attn):
         features
     )
     assert batch["input_ids"].shape[1] == 32  # with padding after the documents
-    batch.pop("labels"), batch.pop("token_count")
+    batch.pop("labels"), batch.pop("token_count"), batch.pop("token_mask")
     with torch.no_grad():
         packed = model(**batch).logits[0]
         alone = torch.cat([model(input_ids=torch.tensor([d])).logits[0] for d in docs])
