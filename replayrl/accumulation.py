@@ -5,11 +5,14 @@ believes the loss is already scaled, and how it decides has changed across the v
 before 5.19 it reads `model_accepts_loss_kwargs`, `num_items_in_batch` and `compute_loss_func`; from 5.19 a
 `loss_is_scaled_for_ga` attribute overrides them. A trainer that relied on one of those rules trained with the
 gradient divided by the accumulation steps once too often on another version (GRPO on transformers 5.17:
-grad_norm 1.092 at 8x1, 0.137 at 1x8).
+grad_norm 1.092 at 8x1, 0.137 at 1x8). Some versions (5.2) also create the `Accelerator` with
+`gradient_accumulation_steps` set, and `Accelerator.backward` then divides by it a second time; others (5.0,
+5.17, 5.24) set it to 1.
 
 Every replayrl trainer built on `Trainer` therefore takes this mixin: its `compute_loss` returns this
 micro-batch's share of the optimizer step's loss (`micro_batch_share` for a per-micro-batch mean), and
-`training_step` back-propagates exactly that, with no further division, on every version. 8 micro-batches of 1
+`training_step` back-propagates exactly that, with no further division (it undoes `Accelerator.backward`'s), on
+every version. 8 micro-batches of 1
 row then give the same update as 1 micro-batch of 8 rows.
 """
 
@@ -55,7 +58,10 @@ class OwnLossScalingMixin:
             kwargs["learning_rate"] = self._get_learning_rate()
         if self.args.n_gpu > 1:
             loss = loss.mean()  # torch.nn.DataParallel: one loss per device
+        scaled = loss
         if self.accelerator.distributed_type == DistributedType.DEEPSPEED:
             kwargs["scale_wrt_gas"] = False
-        self.accelerator.backward(loss, **kwargs)
+        else:  # Accelerator.backward divides by its own accumulation steps (1 unless transformers set them)
+            scaled = loss * self.accelerator.gradient_accumulation_steps
+        self.accelerator.backward(scaled, **kwargs)
         return loss.detach()
