@@ -71,6 +71,7 @@ class _VocabChunks(torch.autograd.Function):
     """
 
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")  # backward recomputes under the forward's autocast state
     def forward(ctx, source, weight, bias, index, targets, temperature, chunk, with_entropy, entropy_grad):
         n = targets.shape[0]
         device = source.device
@@ -95,6 +96,7 @@ class _VocabChunks(torch.autograd.Function):
         return logps, entropy, predicted
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, grad_logps, grad_entropy, _grad_predicted):
         source, weight, bias, targets, *index = ctx.saved_tensors
         temperature, chunk, entropy_grad = ctx.settings
