@@ -337,3 +337,35 @@ def test_training_from_python_writes_metrics_jsonl_that_plot_can_draw(model, tok
     assert [r["step"] for r in records if "loss" in r] == [1, 2]
     assert all("reward" in r for r in records if "loss" in r)
     assert plot_run(tmp_path / "out").stat().st_size > 10_000
+
+
+def test_policy_log_probs_through_the_fused_head_equal_the_full_logits_ones(model, tokenizer, dataset, tmp_path):
+    """The loss pass never forms the logits, and gives the log-probs, entropies and gradients of the plain
+    full-vocabulary log-softmax at the sampling temperature."""
+    from types import SimpleNamespace
+
+    from replayrl.models.lm_head import fused_head
+
+    trainer = make_trainer(model, tokenizer, dataset, tmp_path, temperature=0.7)
+    assert fused_head(trainer.model) is not None  # the path under test
+    g = torch.Generator().manual_seed(0)
+    rollout = SimpleNamespace(
+        prompt_ids=torch.randint(3, 90, (3, 4), generator=g),
+        prompt_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 1, 1]]),
+        completion_ids=torch.randint(3, 90, (3, 5), generator=g),
+        completion_mask=torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]]),
+    )
+    logps, entropy, _ = trainer._policy_forward(trainer.model, rollout, with_entropy=True)
+    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], 1)
+    mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], 1)
+    logits = trainer.model(input_ids=ids, attention_mask=mask).logits[:, 3:-1].float() / 0.7
+    logp = torch.log_softmax(logits, -1)
+    plain = logp.gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(logps, plain)
+    torch.testing.assert_close(entropy, -(logp.exp() * logp).sum(-1))
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    weights = rollout.completion_mask.float()
+    for a, b in zip(
+        torch.autograd.grad((logps * weights).sum(), params), torch.autograd.grad((plain * weights).sum(), params)
+    ):
+        torch.testing.assert_close(a, b)
