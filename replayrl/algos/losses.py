@@ -1,45 +1,163 @@
-"""Clipped policy-gradient surrogate and the per-token weights that turn it into a batch loss.
+"""The GRPO-family loss registry: ``loss_type`` -> per-token loss + aggregation over tokens, and the helpers around it.
 
-The batch loss is always ``(per_token_loss * weights).sum()``. Weights are computed once over the whole
-optimizer-step batch and sliced row-wise per micro-batch, so gradient accumulation gives the same gradient however
-the batch is split.
+A loss type is two choices (see `GRPO_LOSSES`):
+
+- the per-token loss ``l_t`` (`algos.policy_losses`: PPO clip, CISPO, SAPO, VESPO), ``(B, T)``;
+- the aggregation: per-token weights ``w_t`` such that the loss of an optimizer-step batch is
+  ``sum_t w_t * l_t``. Weights are computed once over the whole optimizer-step batch and sliced row-wise per
+  micro-batch, so gradient accumulation gives the same gradient however the batch is split.
+
+Everything else derives from the registry: the config's allowed values (`LOSS_TYPES`), the `LossType` literal,
+`token_weights`, which loss types need the global token count (`GLOBAL_TOKEN_MEAN_LOSSES`) and which
+``importance_sampling_level`` / ``delta`` each accepts (`check_loss_options`). Adding a loss type is one entry.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+from replayrl.algos.policy_losses import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    PolicyLoss,
+    PolicyLossParams,
+    cispo_loss,
+    ppo_clip_loss,
+    sapo_loss,
+    vespo_loss,
+)
+
+LossFn = Callable[[Tensor, Tensor, Tensor, Tensor, str, PolicyLossParams], PolicyLoss]
+# weights(mask (N, T) float, max_completion_length, num_tokens) -> (N, T)
+WeightFn = Callable[[Tensor, int, "float | None"], Tensor]
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """How the per-token losses of an optimizer-step batch add up: ``weights(mask, max_len, num_tokens)``.
+    ``global_token_count``: the weights need ``num_tokens``, the token count of every process / processes."""
+
+    description: str
+    weights: WeightFn
+    global_token_count: bool = False
+
+
+def _sequence_mean(mask: Tensor, max_len: int, num_tokens: float | None) -> Tensor:
+    return mask / mask.sum(-1, keepdim=True).clamp(min=1) / mask.shape[0]
+
+
+def _batch_token_mean(mask: Tensor, max_len: int, num_tokens: float | None) -> Tensor:
+    return mask / mask.sum().clamp(min=1)
+
+
+def _max_length_sum(mask: Tensor, max_len: int, num_tokens: float | None) -> Tensor:
+    return mask / (mask.shape[0] * max_len)
+
+
+def _sequence_sum(mask: Tensor, max_len: int, num_tokens: float | None) -> Tensor:
+    return mask / mask.shape[0]
+
+
+def _global_token_mean(mask: Tensor, max_len: int, num_tokens: float | None) -> Tensor:
+    total = mask.sum().clamp(min=1) if num_tokens is None else num_tokens
+    # A zero global count means every mask is empty, so any positive denominator gives the right (zero) weights.
+    return mask / (total if total > 0 else 1.0)
+
+
+SEQUENCE_MEAN = Aggregation("mean over each sequence's tokens, then over sequences", _sequence_mean)
+BATCH_TOKEN_MEAN = Aggregation("token mean over the process's batch", _batch_token_mean)
+MAX_LENGTH_SUM = Aggregation("token sum / (sequences * max_completion_length)", _max_length_sum)
+SEQUENCE_SUM = Aggregation("sum over each sequence's tokens, mean over sequences", _sequence_sum)
+GLOBAL_TOKEN_MEAN = Aggregation(
+    "token sum / (global token count / processes)", _global_token_mean, global_token_count=True
+)
+
+
+@dataclass(frozen=True)
+class GRPOLoss:
+    """One loss type. ``per_token``: ``fn(logps, old_logps, advantages, mask, level, params) -> PolicyLoss``
+    (`algos.policy_losses`); ``aggregation``: its token weights; ``levels``: the importance-sampling levels it
+    accepts (``level_reason`` says why when that is not both); ``clipped``: it has PPO's hard clip, so ``delta``
+    (INTELLECT-2's cap of the unclipped branch) applies; ``source``: where it comes from."""
+
+    per_token: LossFn
+    aggregation: Aggregation
+    source: str
+    levels: tuple[str, ...] = IMPORTANCE_SAMPLING_LEVELS
+    level_reason: str = ""
+    clipped: bool = True
+
+
+GRPO_LOSSES: dict[str, GRPOLoss] = {
+    "grpo": GRPOLoss(ppo_clip_loss, SEQUENCE_MEAN, "arXiv:2402.03300"),
+    "bnpo": GRPOLoss(ppo_clip_loss, BATCH_TOKEN_MEAN, "TRL's batch-normalised GRPO (BNPO)"),
+    "dr_grpo": GRPOLoss(ppo_clip_loss, MAX_LENGTH_SUM, "Dr. GRPO, arXiv:2503.20783"),
+    "dapo": GRPOLoss(ppo_clip_loss, GLOBAL_TOKEN_MEAN, "DAPO, arXiv:2503.14476"),
+    "luspo": GRPOLoss(
+        ppo_clip_loss, SEQUENCE_SUM, "LUSPO, arXiv:2602.05261", ("sequence",), "is a sequence-level loss"
+    ),
+    "cispo": GRPOLoss(cispo_loss, GLOBAL_TOKEN_MEAN, "CISPO (MiniMax-M1), arXiv:2506.13585", clipped=False),
+    "sapo": GRPOLoss(sapo_loss, SEQUENCE_MEAN, "SAPO, arXiv:2511.20347", clipped=False),
+    "vespo": GRPOLoss(
+        vespo_loss,
+        GLOBAL_TOKEN_MEAN,
+        "VESPO, arXiv:2602.10693",
+        ("token",),
+        "already weights whole sequences",
+        clipped=False,
+    ),
+}
+"""loss_type -> (per-token loss, aggregation, accepted options): the one place GRPO's loss types are defined."""
+
+LOSS_TYPES = tuple(GRPO_LOSSES)
+LossType = Literal[LOSS_TYPES]  # type: ignore[valid-type]  # derived from the registry
 # Loss types normalised by the token count of the whole (global) batch, as DAPO.
-GLOBAL_TOKEN_MEAN_LOSSES = ("dapo", "cispo", "vespo")
+GLOBAL_TOKEN_MEAN_LOSSES = tuple(name for name, loss in GRPO_LOSSES.items() if loss.aggregation.global_token_count)
 
 
-def clipped_surrogate(
-    logps: Tensor,
-    old_logps: Tensor,
-    advantages: Tensor,
-    epsilon_low: float,
-    epsilon_high: float,
-    is_weights: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """PPO clipped objective (arXiv:1707.06347) as used by GRPO (arXiv:2402.03300), per token.
+def grpo_loss(loss_type: str) -> GRPOLoss:
+    """The registry entry of ``loss_type``; ValueError naming the valid ones otherwise."""
+    if loss_type not in GRPO_LOSSES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES} (got {loss_type!r}).")
+    return GRPO_LOSSES[loss_type]
 
-    ``logps, old_logps: (B, T)``, ``advantages: (B,)``, ``is_weights: (B, T)`` (detached; e.g. truncated IS weights
-    correcting for a stale behaviour policy). Returns ``(per_token_loss, is_low_clipped, is_high_clipped, ratio)``,
-    all ``(B, T)``. The clipped flags mark tokens where clipping removed the gradient (TRL's definitions).
+
+def check_loss_options(loss_type: str, level: str, delta: float | None) -> None:
+    """ValueError when ``importance_sampling_level`` or ``delta`` does not fit ``loss_type`` (registry rules)."""
+    loss = grpo_loss(loss_type)
+    if level in IMPORTANCE_SAMPLING_LEVELS and level not in loss.levels:
+        raise ValueError(
+            f"loss_type={loss_type!r} {loss.level_reason}: set importance_sampling_level={loss.levels[0]!r}."
+        )
+    if delta is not None and not loss.clipped:
+        raise ValueError(f"delta is a PPO-clip option; loss_type={loss_type!r} has no clipped branch. Unset delta.")
+
+
+def grpo_policy_loss(
+    loss_type: str, logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, level: str, p: PolicyLossParams
+) -> PolicyLoss:
+    """The per-token loss of ``loss_type`` (shapes: `algos.policy_losses`): ``per_token_loss (B, T)``."""
+    return grpo_loss(loss_type).per_token(logps, old_logps, advantages, mask, level, p)
+
+
+def token_weights(
+    completion_mask: Tensor, loss_type: LossType, max_completion_length: int, num_tokens: float | None = None
+) -> Tensor:
+    """Per-token weights ``(N, T)`` so that the loss of an optimizer-step batch is ``(per_token_loss * w).sum()``.
+
+    ``completion_mask: (N, T)`` covers the WHOLE step batch (all micro-batches); slice the result row-wise per
+    micro-batch. The aggregation is the registry's (`GRPO_LOSSES`): ``"grpo"`` / ``"sapo"``: mean over each
+    sequence's tokens, then over sequences. ``"bnpo"``: mean over all tokens of the batch. ``"dr_grpo"``: sum over
+    tokens / (N * max_completion_length). ``"dapo"`` / ``"cispo"`` / ``"vespo"``: sum over tokens / ``num_tokens``,
+    where the caller passes the global token count / number of processes (defaults to the local token count).
+    ``"luspo"``: each sequence's loss scaled by its length, i.e. sum over its tokens, mean over sequences.
     """
-    ratio = torch.exp(logps - old_logps.detach())
-    adv = advantages.unsqueeze(1)
-    clipped_ratio = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    per_token_loss = -torch.min(ratio * adv, clipped_ratio * adv)
-    if is_weights is not None:
-        per_token_loss = per_token_loss * is_weights.detach()
-    is_low_clipped = (ratio < 1 - epsilon_low) & (adv < 0)
-    is_high_clipped = (ratio > 1 + epsilon_high) & (adv > 0)
-    return per_token_loss, is_low_clipped, is_high_clipped, ratio
+    mask = completion_mask if completion_mask.is_floating_point() else completion_mask.to(torch.get_default_dtype())
+    return grpo_loss(loss_type).aggregation.weights(mask, max_completion_length, num_tokens)
 
 
 def truncated_is_weights(proximal_logps: Tensor, behaviour_logps: Tensor, cap: float) -> Tensor:
@@ -51,37 +169,12 @@ def truncated_is_weights(proximal_logps: Tensor, behaviour_logps: Tensor, cap: f
     return torch.exp(proximal_logps - behaviour_logps).clamp(max=cap).detach()
 
 
-def token_weights(
-    completion_mask: Tensor, loss_type: LossType, max_completion_length: int, num_tokens: float | None = None
-) -> Tensor:
-    """Per-token weights ``(N, T)`` so that the loss of an optimizer-step batch is ``(per_token_loss * w).sum()``.
-
-    ``completion_mask: (N, T)`` covers the WHOLE step batch (all micro-batches); slice the result row-wise per
-    micro-batch. ``"grpo"``: mean over each sequence's tokens, then over sequences. ``"bnpo"``: mean over all tokens
-    of the batch. ``"dr_grpo"``: sum over tokens / (N * max_completion_length) (arXiv:2503.20783). ``"dapo"``: sum over
-    tokens / ``num_tokens`` (arXiv:2503.14476), where the caller passes the global token count / number of processes;
-    defaults to the local token count; ``"cispo"`` / ``"vespo"`` as dapo, ``"sapo"`` as grpo. ``"luspo"``
-    (arXiv:2602.05261): each sequence's loss scaled by its length, i.e. sum over its tokens, mean over sequences.
-    """
-    mask = completion_mask if completion_mask.is_floating_point() else completion_mask.to(torch.get_default_dtype())
-    n = mask.shape[0]
-    if loss_type in ("grpo", "sapo"):
-        return mask / mask.sum(-1, keepdim=True).clamp(min=1) / n
-    if loss_type == "bnpo":
-        return mask / mask.sum().clamp(min=1)
-    if loss_type == "dr_grpo":
-        return mask / (n * max_completion_length)
-    if loss_type == "luspo":  # sequence loss times its length = sum over its tokens, then mean over sequences
-        return mask / n
-    if loss_type in GLOBAL_TOKEN_MEAN_LOSSES:
-        total = mask.sum().clamp(min=1) if num_tokens is None else num_tokens
-        # A zero global count means every mask is empty, so any positive denominator gives the right (zero) weights.
-        return mask / (total if total > 0 else 1.0)
-    raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {LossType.__args__}")
-
-
-def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """Mean of ``x`` over positions where ``mask`` is set; 0 for an empty mask. ``x, mask: (B, T)`` -> scalar."""
+def masked_mean(x: Tensor, mask: Tensor, axis: int | None = None) -> Tensor:
+    """Mean of ``x`` where ``mask`` is set (over everything, or along ``axis``); 0 for an empty mask.
+    ``x, mask: (B, T)`` -> scalar, or the shape without ``axis``."""
     keep = mask.bool()
     # where() rather than x * mask so that NaN/inf at masked-out positions cannot leak in.
-    return torch.where(keep, x, 0).sum() / keep.sum().clamp(min=1)
+    kept = torch.where(keep, x, 0)
+    if axis is None:
+        return kept.sum() / keep.sum().clamp(min=1)
+    return kept.sum(axis) / keep.sum(axis).clamp(min=1)

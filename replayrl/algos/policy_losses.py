@@ -1,4 +1,4 @@
-"""Per-token policy-gradient losses of current TRL's `loss_type`s, selected through a registry.
+"""Per-token policy-gradient losses of current TRL's `loss_type`s (the registry that names them: `algos.losses`).
 
 Every loss is a pure function ``fn(logps, old_logps, advantages, mask, level, params) -> PolicyLoss``:
 
@@ -10,20 +10,20 @@ Every loss is a pure function ``fn(logps, old_logps, advantages, mask, level, pa
   the exp of the mean token log-ratio, broadcast to every token).
 
 The result's ``per_token_loss`` is ``(B, T)``; aggregation over tokens is done by `losses.token_weights`.
+Which loss type uses which function (and which aggregation) is `algos.losses.GRPO_LOSSES`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-ImportanceSamplingLevel = Literal["token", "sequence"]
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+ImportanceSamplingLevel = Literal[IMPORTANCE_SAMPLING_LEVELS]  # type: ignore[valid-type]
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def _flags(ratio: Tensor, adv: Tensor, low: Tensor | None, high: Tensor | None, 
 def ppo_clip_loss(logps, old_logps, advantages, mask, level, p: PolicyLossParams) -> PolicyLoss:
     """PPO clipped surrogate (arXiv:1707.06347) ``-min(r A, clip(r, 1-eps_low, 1+eps_high) A)``; with ``delta`` the
     unclipped branch uses ``min(r, delta)`` (two-sided clipping, INTELLECT-2). Used by grpo/bnpo/dr_grpo/dapo/luspo,
-    which differ only in aggregation."""
+    which differ only in aggregation (`algos.losses.GRPO_LOSSES`)."""
     ratio = torch.exp(importance_log_weights(logps, old_logps, mask, level))
     adv = advantages.unsqueeze(1)
     clipped = torch.clamp(ratio, 1 - p.epsilon_low, 1 + p.epsilon_high)
@@ -134,30 +134,6 @@ def vespo_loss(logps, old_logps, advantages, mask, level, p: PolicyLossParams) -
     per_token = -phi * advantages.unsqueeze(1) * logps
     low, high = _flags(phi, advantages.unsqueeze(1), None, None, logps.shape)
     return PolicyLoss(per_token, torch.exp(log_ratio), low, high)
-
-
-LossFn = Callable[[Tensor, Tensor, Tensor, Tensor, str, PolicyLossParams], PolicyLoss]
-POLICY_LOSSES: dict[str, LossFn] = {
-    "grpo": ppo_clip_loss,
-    "bnpo": ppo_clip_loss,
-    "dr_grpo": ppo_clip_loss,
-    "dapo": ppo_clip_loss,
-    "luspo": ppo_clip_loss,
-    "cispo": cispo_loss,
-    "sapo": sapo_loss,
-    "vespo": vespo_loss,
-}
-"""loss_type -> per-token loss. Aggregation over tokens (the other half of a loss_type) is `token_weights`."""
-TOKEN_LEVEL_ONLY = ("vespo",)  # its weight is already one per sequence; "sequence" would be meaningless
-
-
-def policy_loss(
-    loss_type: str, logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, level: str, p: PolicyLossParams
-) -> PolicyLoss:
-    """Dispatch to ``POLICY_LOSSES[loss_type]``. Shapes as in the module docstring."""
-    if loss_type not in POLICY_LOSSES:
-        raise ValueError(f"loss_type must be one of {tuple(POLICY_LOSSES)} (got {loss_type!r}).")
-    return POLICY_LOSSES[loss_type](logps, old_logps, advantages, mask, level, p)
 
 
 def importance_corrected_kl(per_token_kl: Tensor, logps: Tensor, old_logps: Tensor, mask: Tensor, level: str) -> Tensor:

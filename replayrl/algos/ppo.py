@@ -17,19 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from replayrl.algos.losses import masked_mean
+
 KLPenalty = Literal["kl", "abs", "mse", "full"]
 KL_PENALTIES = ("kl", "abs", "mse", "full")
 
 
 # ---------------------------------------------------------------------------------------------- masked statistics
-def masked_mean(values: Tensor, mask: Tensor, axis: int | None = None) -> Tensor:
-    """Mean of ``values`` where ``mask`` is 1 (over everything, or along ``axis``); 0 for an empty mask."""
-    mask = mask.to(values.dtype)
-    if axis is None:
-        return (values * mask).sum() / mask.sum().clamp(min=1)
-    return (values * mask).sum(axis) / mask.sum(axis).clamp(min=1)
-
-
+# masked_mean (0 for an empty mask, optionally along an axis) is `algos.losses.masked_mean`, shared with GRPO.
 def masked_var(values: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
     """Variance of ``values`` where ``mask`` is 1, with Bessel's correction n / (n - 1) as in TRL v0.7.1.
 

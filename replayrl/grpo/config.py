@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from replayrl.algos.losses import GRPO_LOSSES, grpo_loss
 from replayrl.grpo.config_parity import TRLParityArguments, validate_parity
 from replayrl.training_args import TrainingArguments
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 SCALE_REWARDS = ("group", "batch", "none", "mean")
 
 
@@ -137,9 +137,11 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
     loss_type: str = field(
         default="dapo",
         metadata=_help(
-            "Token aggregation: 'grpo' (sequence mean, then batch mean), 'bnpo' (token mean over the process's "
-            "batch), 'dr_grpo' (sum / (batch * max_completion_length)), 'dapo' (token mean over the global batch); "
-            "other per-token losses: 'cispo', 'sapo', 'luspo', 'vespo' (docs/grpo.md)."
+            "The per-token loss and its aggregation over tokens (algos.GRPO_LOSSES, docs/grpo.md): "
+            + "; ".join(
+                f"'{name}' ({loss.source}: {loss.aggregation.description})" for name, loss in GRPO_LOSSES.items()
+            )
+            + "."
         ),
     )
     mask_truncated_completions: bool = field(
@@ -213,8 +215,7 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
                 f"per_device_train_batch_size (or steps_per_generation) so the product is a multiple of {g}, "
                 f"e.g. per_device_train_batch_size={g}."
             )
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type must be one of {LOSS_TYPES} (got {self.loss_type!r}).")
+        grpo_loss(self.loss_type)  # ValueError naming the registry's loss types
         checks = [
             (self.num_iterations >= 1, f"num_iterations must be >= 1 (got {self.num_iterations})."),
             (self.beta >= 0, f"beta must be >= 0 (got {self.beta}); use 0 to disable the KL term."),

@@ -13,7 +13,9 @@ from typing import Any
 
 from transformers import TrainingArguments
 
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+from replayrl.algos.losses import check_loss_options
+from replayrl.algos.policy_losses import IMPORTANCE_SAMPLING_LEVELS
+
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
 
@@ -147,8 +149,6 @@ def _refusals(cfg) -> list[tuple[bool, str]]:
 
 def validate_parity(cfg) -> None:
     """Checks of the fields above (called from `GRPOConfig._validate`)."""
-    from replayrl.algos import TOKEN_LEVEL_ONLY
-
     for name in ("generation_kwargs", "chat_template_kwargs"):
         value = getattr(cfg, name)
         if value is not None and not isinstance(value, dict):
@@ -157,11 +157,10 @@ def validate_parity(cfg) -> None:
         if bad:
             raise ValueError(message)
     level, agg = cfg.importance_sampling_level, cfg.multi_objective_aggregation
+    if level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS} (got {level!r}).")
+    check_loss_options(cfg.loss_type, level, cfg.delta)  # the loss type's own rules (algos.GRPO_LOSSES)
     checks = [
-        (
-            level in IMPORTANCE_SAMPLING_LEVELS,
-            f"importance_sampling_level must be 'token' or 'sequence' (got {level!r}).",
-        ),
         (
             agg in MULTI_OBJECTIVE_AGGREGATIONS,
             f"multi_objective_aggregation must be one of {MULTI_OBJECTIVE_AGGREGATIONS} (got {agg!r}).",
@@ -171,20 +170,8 @@ def validate_parity(cfg) -> None:
             "scale_rewards='mean' only works with multi_objective_aggregation='sum_then_normalize'.",
         ),
         (
-            not (cfg.loss_type == "luspo" and level != "sequence"),
-            "loss_type='luspo' is a sequence-level loss: set importance_sampling_level='sequence'.",
-        ),
-        (
-            not (cfg.loss_type in TOKEN_LEVEL_ONLY and level == "sequence"),
-            f"loss_type={cfg.loss_type!r} already weights whole sequences; use importance_sampling_level='token'.",
-        ),
-        (
             cfg.delta is None or cfg.delta > 1 + cfg.epsilon_high,
             f"delta ({cfg.delta}) must be > 1 + epsilon_high ({1 + cfg.epsilon_high}), or None.",
-        ),
-        (
-            cfg.delta is None or cfg.loss_type not in ("cispo", "sapo", "vespo"),
-            f"delta is a PPO-clip option; loss_type={cfg.loss_type!r} has no clipped branch. Unset delta.",
         ),
         (cfg.sapo_temperature_pos > 0 and cfg.sapo_temperature_neg > 0, "sapo_temperature_pos/neg must be > 0."),
         (

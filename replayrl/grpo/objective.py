@@ -67,7 +67,7 @@ def grpo_objective(args, x: Inputs) -> Objective:
     """The micro-batch loss (a scalar: this micro-batch's share of the optimizer-step loss)."""
     batch = x.batch
     mask = batch.loss_weights > 0
-    out = algos.policy_loss(
+    out = algos.grpo_policy_loss(
         args.loss_type, x.logps, x.old, batch.advantages, mask, args.importance_sampling_level, loss_params(args)
     )
     per_token = out.per_token_loss

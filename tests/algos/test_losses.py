@@ -3,7 +3,17 @@ import math
 import pytest
 import torch
 
-from replayrl.algos import clipped_surrogate, masked_mean, token_weights, truncated_is_weights
+from replayrl.algos import PolicyLossParams, grpo_policy_loss, masked_mean, token_weights, truncated_is_weights
+
+
+def clipped_surrogate(logps, old_logps, advantages, epsilon_low, epsilon_high, is_weights=None):
+    """The PPO-clip per-token loss of the 'grpo' loss type (`policy_losses.ppo_clip_loss`), times optional detached
+    importance weights as `grpo.objective` applies them: (per_token_loss, low_clipped, high_clipped, ratio)."""
+    params = PolicyLossParams(epsilon_low=epsilon_low, epsilon_high=epsilon_high)
+    out = grpo_policy_loss("grpo", logps, old_logps, advantages, torch.ones_like(logps), "token", params)
+    loss = out.per_token_loss if is_weights is None else out.per_token_loss * is_weights.detach()
+    return loss, out.low_clipped, out.high_clipped, out.ratio
+
 
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo"]
 MAX_LEN = 6

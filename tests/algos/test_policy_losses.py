@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from replayrl import algos
-from replayrl.algos import PolicyLossParams, policy_loss
+from replayrl.algos import PolicyLossParams, grpo_policy_loss
 
 P = PolicyLossParams(epsilon_low=0.2, epsilon_high=0.2)
 
@@ -33,8 +33,8 @@ def test_gspo_clips_the_whole_sequence_where_token_level_clips_one_token():
     # token log-ratios 0.5 and -0.5: token level clips the first token (A > 0), sequence ratio is exp(0) = 1.
     logps, old = _logps(0.5, -0.5)
     adv, mask = torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2)
-    tok = policy_loss("grpo", logps, old, adv, mask, "token", P)
-    seq = policy_loss("grpo", logps, old, adv, mask, "sequence", P)
+    tok = grpo_policy_loss("grpo", logps, old, adv, mask, "token", P)
+    seq = grpo_policy_loss("grpo", logps, old, adv, mask, "sequence", P)
     assert tok.high_clipped.tolist() == [[True, False]]
     assert torch.allclose(tok.per_token_loss, -torch.tensor([[1.2, math.exp(-0.5)]], dtype=torch.float64))
     assert not seq.high_clipped.any()
@@ -47,8 +47,8 @@ def test_gspo_clips_the_whole_sequence_where_token_level_clips_one_token():
 def test_delta_caps_the_unclipped_ratio_for_negative_advantages():
     logps, old = _logps(math.log(3.0))
     adv = torch.tensor([-1.0], dtype=torch.float64)
-    plain = policy_loss("dapo", logps, old, adv, torch.ones(1, 1), "token", P)
-    capped = policy_loss("dapo", logps, old, adv, torch.ones(1, 1), "token", PolicyLossParams(0.2, 0.2, delta=2.0))
+    plain = grpo_policy_loss("dapo", logps, old, adv, torch.ones(1, 1), "token", P)
+    capped = grpo_policy_loss("dapo", logps, old, adv, torch.ones(1, 1), "token", PolicyLossParams(0.2, 0.2, delta=2.0))
     assert plain.per_token_loss.item() == pytest.approx(3.0)  # -min(3 * -1, 1.2 * -1) = 3
     assert capped.per_token_loss.item() == pytest.approx(2.0)  # min(r, delta) = 2
 
@@ -56,7 +56,7 @@ def test_delta_caps_the_unclipped_ratio_for_negative_advantages():
 def test_cispo_is_reinforce_with_a_clipped_detached_weight():
     logps, old = _logps(math.log(2.0), math.log(0.5))
     adv = torch.tensor([1.0], dtype=torch.float64)
-    out = policy_loss("cispo", logps, old, adv, torch.ones(1, 2), "token", PolicyLossParams(0.2, 1.5))
+    out = grpo_policy_loss("cispo", logps, old, adv, torch.ones(1, 2), "token", PolicyLossParams(0.2, 1.5))
     expected = -torch.tensor([[1.5 * math.log(2.0), 0.5 * math.log(0.5)]], dtype=torch.float64)
     assert torch.allclose(out.per_token_loss, expected)
     out.per_token_loss.sum().backward()
@@ -68,8 +68,8 @@ def test_sapo_gate_and_asymmetric_temperatures():
     assert algos.sapo_gate(torch.tensor(1.0), 2.0).item() == pytest.approx(1.0)  # 4/tau * sigmoid(0)
     logps, old = _logps(math.log(1.5))
     p = PolicyLossParams(sapo_temperature_pos=1.0, sapo_temperature_neg=2.0)
-    pos = policy_loss("sapo", logps, old, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 1), "token", p)
-    neg = policy_loss("sapo", logps, old, torch.tensor([-1.0], dtype=torch.float64), torch.ones(1, 1), "token", p)
+    pos = grpo_policy_loss("sapo", logps, old, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 1), "token", p)
+    neg = grpo_policy_loss("sapo", logps, old, torch.tensor([-1.0], dtype=torch.float64), torch.ones(1, 1), "token", p)
     sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
     assert pos.per_token_loss.item() == pytest.approx(-4 * sig(0.5))
     assert neg.per_token_loss.item() == pytest.approx(4 / 2 * sig(2 * 0.5))
@@ -84,14 +84,14 @@ def test_vespo_weight_is_one_at_ratio_one_and_decays_off_policy():
     w = math.e  # product of the ratios
     assert phi[1].item() == pytest.approx(math.exp(3.0 + 2.0 * 1.0 - 3.0 * w), rel=1e-5)
     logps = torch.tensor([[-1.0, -2.0]], requires_grad=True)
-    out = policy_loss("vespo", logps, logps.detach(), torch.tensor([2.0]), torch.ones(1, 2), "token", p)
+    out = grpo_policy_loss("vespo", logps, logps.detach(), torch.tensor([2.0]), torch.ones(1, 2), "token", p)
     assert torch.allclose(out.per_token_loss, torch.tensor([[2.0, 4.0]]))
 
 
 def test_registry_holds_every_trl_loss_type():
-    assert set(algos.POLICY_LOSSES) == {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"}
+    assert set(algos.GRPO_LOSSES) == {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"}
     with pytest.raises(ValueError, match="'ppo'"):
-        policy_loss("ppo", *_logps(0.0), torch.ones(1), torch.ones(1, 1), "token", P)
+        grpo_policy_loss("ppo", *_logps(0.0), torch.ones(1), torch.ones(1, 1), "token", P)
 
 
 def test_token_weights_of_the_new_loss_types():
