@@ -1,13 +1,40 @@
 """The GRPO training objective of one micro-batch, assembled from `replayrl.algos` by the config's options.
 
-loss = sum_t w_t * [ policy_loss_t(loss_type, importance_sampling_level)     (algos.policy_losses registry)
-                     * is_weight_t * off_policy_keep_i * high_entropy_t       (optional masks / corrections)
-                     + beta * KL_t (* ratio_t if use_bias_correction_kl) ]
-       - entropy_coef * sum_t u_t * H_t                                       (entropy bonus, optional)
-       + router_aux_loss_coef * aux / gradient_accumulation_steps             (MoE models, in the trainer)
+The whole objective, in the papers' names (DeepSeekMath arXiv:2402.03300, DAPO arXiv:2503.14476, Dr. GRPO
+arXiv:2503.20783). A generation batch holds N completions o_i in groups of G per prompt q, sampled from pi_old
+(the behaviour policy); t runs over o_i's loss tokens (completion minus tool results, minus truncated completions
+with mask_truncated_completions); sg() stops the gradient.
 
-with ``w`` the per-token weights of the loss_type (`algos.token_weights`, fixed once per generation batch) and
-``u`` token-mean weights over the same batch (so the bonus is the mean token entropy, whatever the loss_type).
+  advantage  A_i = (R_i - mean_g R) / (std_g R + 1e-4)   R_i the weighted sum of the rewards; scale_rewards "group";
+             "batch": the batch's std; "none" (Dr. GRPO): no division; "mean": / mean_g R; GDPO: normalize_then_sum
+  ratio      r_it = pi_theta(o_it | q, o_i<t) / pi_old(o_it | q, o_i<t)                 importance_sampling_level
+             "token"; "sequence" (GSPO): r_it = exp(mean_t log r_it) for every t of o_i
+  clip       l_it = -min(r_it A_i, clip(r_it, 1 - eps_low, 1 + eps_high) A_i)           eps_low = epsilon,
+             eps_high = epsilon_high (DAPO clip-higher); delta: min(r_it, delta) in the first term (INTELLECT-2);
+             cispo / sapo / vespo replace l_it (algos.policy_losses)
+  KL         D_it = pi_ref/pi_theta - log(pi_ref/pi_theta) - 1 (k3 >= 0), times r_it if use_bias_correction_kl
+  token      L_it = l_it * c_it * m_i * h_it + beta * D_it
+  objective  loss = sum_it w_it L_it - entropy_coef * sum_it u_it H_it + router_aux_loss_coef * aux / grad_acc
+
+w_it (`algos.token_weights`, one entry of `algos.GRPO_LOSSES` per loss_type), over the process's whole generation
+batch, times steps_per_generation / gradient_accumulation_steps; |o_i| its loss tokens, T = max_completion_length,
+P processes:
+  grpo, sapo  1 / (N |o_i|)     (mean per sequence, then over sequences: the paper's 1/G sum_i 1/|o_i| sum_t)
+  bnpo        1 / sum_i |o_i|   (token mean over this process's batch)
+  dr_grpo     1 / (N T)         (Dr. GRPO: a constant, no length bias)
+  dapo, cispo, vespo  1 / (sum over every process of sum_i |o_i| / P)   (DAPO's token-level mean)
+  luspo       1 / N             (each sequence's loss times its length)
+u_it = the dapo weight, on the h_it tokens (the bonus is the mean token entropy H, whatever the loss_type).
+
+Corrections (1 when off): c_it = engine weight (vLLM: truncated or masked pi_trainer / pi_engine,
+vllm_importance_sampling_*) times the replay weight below; m_i = 0 for off_policy_mask_threshold sequences (A_i < 0
+and mean_t log(pi_old / pi_theta) above it, DeepSeek-V3.2); h_it = 1 on the top_entropy_quantile tokens only.
+
+Replayed (off-policy) rows keep the A_i, pi_old and pi_ref of when they were generated. With replay_importance_cap
+C (decoupled PPO, arXiv:2110.00641) their ratio is taken against pi_prox = sg(pi_theta) (value 1, never clipped) and
+c_it = sg(min(pi_theta / pi_old, C)) (per sequence with "sequence"); with C = None, r_it = pi_theta / pi_old as
+above (TRL's GRPOWithReplayBuffer). Fresh rows: pi_old is the behaviour policy; before the policy moves it is
+sg(pi_theta), so r_it = 1 in value and l_it = -A_i r_it has the policy gradient.
 """
 
 from __future__ import annotations

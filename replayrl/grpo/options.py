@@ -1,34 +1,10 @@
-"""Model options of `GRPOTrainer` that current TRL offers (fp32 LM head, dropout off, MoE router loss detection),
-fixed-multiple padding and TRL's trainer attributes. Plain functions, called from the trainer."""
+"""Model options of `GRPOTrainer` that current TRL offers (fp32 LM head, dropout off, MoE router loss detection)
+and fixed-multiple padding. Plain functions, called from the trainer."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-
-TRL_ATTRIBUTES = (
-    "beta",
-    "num_iterations",
-    "loss_type",
-    "scale_rewards",
-    "importance_sampling_level",
-    "mask_truncated_completions",
-    "top_entropy_quantile",
-    "temperature",
-    "max_completion_length",
-    "use_vllm",
-    "off_policy_mask_threshold",
-    "pad_to_multiple_of",
-    "max_tool_calling_iterations",
-    "multi_objective_aggregation",
-)
-
-
-def trl_attributes(args) -> dict:
-    """The config values TRL's GRPOTrainer also exposes as attributes (`trainer.beta`, `trainer.epsilon_low`...)."""
-    attrs = {name: getattr(args, name) for name in TRL_ATTRIBUTES}
-    attrs.update(epsilon_low=args.epsilon, epsilon_high=args.epsilon_high)
-    return attrs
 
 
 def disable_dropout(model: nn.Module) -> None:

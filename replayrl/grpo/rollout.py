@@ -136,3 +136,20 @@ def _pad_to(value: Tensor | None, part: Rollout, side: str, width: int, fill) ->
         return value
     pad = torch.full((n, width - w), fill, dtype=value.dtype, device=value.device)
     return torch.cat([pad, value] if side == "left" else [value, pad], dim=1)
+
+
+def fit_width(values: Tensor | None, width: int) -> Tensor | None:
+    """(N, C') -> (N, width): cut, or right-pad with zeros (padding positions are masked wherever used)."""
+    if values is None or values.shape[1] == width:
+        return values
+    if values.shape[1] > width:
+        return values[:, :width]
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
+
+
+def known_or(values: Tensor | None, current: Tensor, real: Tensor) -> Tensor:
+    """`values` (N, C) where known and on a real token, else `current`. Padding positions (NaN, or values that
+    are not log-probs) must never reach exp(): NaN * 0 is NaN, in the loss and in its gradient."""
+    if values is None:
+        return current
+    return torch.where(real & ~values.isnan(), values, current)
