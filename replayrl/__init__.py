@@ -29,6 +29,8 @@ _EXPORTS = {
     "create_reference_model": "replayrl.models.value_head",
     "PPOConfig": "replayrl.ppo.config",
     "PPOTrainer": "replayrl.ppo.trainer",
+    "KTOConfig": "replayrl.kto.config",
+    "KTOTrainer": "replayrl.kto.trainer",
     "RLOOConfig": "replayrl.rloo.config",
     "RLOOTrainer": "replayrl.rloo.trainer",
     "set_seed": "transformers.trainer_utils",  # TRL v0.7 exports it (random, numpy, torch and every device)

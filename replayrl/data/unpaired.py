@@ -1,0 +1,99 @@
+"""Unpaired preference data (KTO): rows of (prompt, completion, label), label True = desirable.
+
+Accepted rows (TRL's formats), standard (strings) or conversational (lists of messages):
+  - unpaired: `prompt`, `completion`, `label` (bool);
+  - paired preference rows (`chosen`, `rejected`, optional `prompt`, see `replayrl.data.preference`): each pair
+    becomes two rows, chosen with label True and rejected with label False (TRL's `unpair_preference_dataset`).
+Conversations go through the chat template; completions get EOS appended once (as DPO's).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from replayrl.data.preference import _apply_template, _with_eos, extract_prompt, pad, truncate_pair
+
+UNPAIRED_COLUMNS = ("prompt", "completion", "label")
+
+
+def unpaired_kind(columns, name: str = "dataset") -> str:
+    """'unpaired', 'paired' (chosen/rejected) or 'tokenized' (our own columns); else a ValueError naming the fix."""
+    columns = set(columns)
+    if {"prompt_input_ids", "completion_input_ids", "label"} <= columns:
+        return "tokenized"
+    if set(UNPAIRED_COLUMNS) <= columns:
+        return "unpaired"
+    if {"chosen", "rejected"} <= columns:
+        return "paired"
+    raise ValueError(
+        f"{name} is not a KTO dataset: it has columns {sorted(columns)}, expected 'prompt', 'completion' and "
+        "'label' (True = desirable), or preference pairs 'chosen'/'rejected' (optionally 'prompt'). Rename your "
+        "columns, e.g. dataset.rename_column('thumbs_up', 'label')."
+    )
+
+
+def unpair_rows(batch: dict[str, list]) -> dict[str, list]:
+    """Batched `datasets.map` function: paired rows -> twice as many unpaired rows (chosen True, rejected False)."""
+    out: dict[str, list] = {"prompt": [], "completion": [], "label": []}
+    for i in range(len(batch["chosen"])):
+        row = extract_prompt({key: values[i] for key, values in batch.items()})
+        for side, label in (("chosen", True), ("rejected", False)):
+            out["prompt"].append(row["prompt"])
+            out["completion"].append(row[side])
+            out["label"].append(label)
+    return out
+
+
+def tokenize_unpaired_row(example: dict, tokenizer) -> dict:
+    """prompt_input_ids, completion_input_ids (+ EOS once), label (bool). No special tokens are added to the
+    prompt (chat templates carry their own)."""
+    label = example["label"]
+    if not isinstance(label, bool) and label not in (0, 1):
+        raise ValueError(f"label must be a bool (True = desirable), got {label!r}")
+    prompt_text, completion_text = _apply_template(tokenizer, example["prompt"], example["completion"])
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    completion = _with_eos(encode(completion_text), tokenizer.eos_token_id)
+    return {"prompt_input_ids": encode(prompt_text), "completion_input_ids": completion, "label": bool(label)}
+
+
+class UnpairedDataCollator:
+    """Tokenized rows -> ``input_ids``, ``attention_mask``, ``completion_mask`` (B, L) right-padded, each row
+    prompt + completion cut to `max_length` from the end (keep_start), and ``label`` (B,) bool."""
+
+    def __init__(self, pad_token_id: int, max_length: int | None = None, pad_to_multiple_of: int | None = None):
+        self.pad_token_id, self.max_length, self.pad_to_multiple_of = pad_token_id, max_length, pad_to_multiple_of
+
+    def __call__(self, features: list[dict]) -> dict[str, Tensor]:
+        pairs = [
+            truncate_pair(list(f["prompt_input_ids"]), list(f["completion_input_ids"]), self.max_length, "keep_start")
+            for f in features
+        ]
+        batch = rows_from_pairs(pairs, self.pad_token_id, self.pad_to_multiple_of)
+        batch["label"] = torch.tensor([bool(f["label"]) for f in features])
+        return batch
+
+
+def rows_from_pairs(pairs: list[tuple[list[int], list[int]]], pad_token_id: int, multiple: int | None = None) -> dict:
+    """(prompt ids, completion ids) lists -> right-padded ``input_ids``, ``attention_mask``, ``completion_mask``."""
+    ids = [p + c for p, c in pairs]
+    batch = {
+        "input_ids": pad(ids, pad_token_id),
+        "attention_mask": pad([[1] * len(r) for r in ids], 0),
+        "completion_mask": pad([[0] * len(p) + [1] * len(c) for p, c in pairs], 0),
+    }
+    if multiple and batch["input_ids"].shape[1] % multiple:
+        extra = multiple - batch["input_ids"].shape[1] % multiple
+        fills = {"input_ids": pad_token_id, "attention_mask": 0, "completion_mask": 0}
+        batch = {k: torch.nn.functional.pad(v, (0, extra), value=fills[k]) for k, v in batch.items()}
+    return batch
+
+
+def split_rows(batch: dict[str, Tensor]) -> list[tuple[list[int], list[int]]]:
+    """The (prompt ids, completion ids) of each row of a collated batch (inverse of `rows_from_pairs`)."""
+    out = []
+    for ids, mask, completion in zip(batch["input_ids"], batch["attention_mask"], batch["completion_mask"]):
+        real = ids[mask.bool()].tolist()
+        n_prompt = int((mask.bool() & ~completion.bool()).sum())
+        out.append((real[:n_prompt], real[n_prompt:]))
+    return out

@@ -1,0 +1,290 @@
+"""`KTOTrainer`: KTO (arXiv:2402.01306) from unpaired desirable / undesirable completions, as TRL 1.16's KTOTrainer.
+
+What runs, per optimizer step:
+  1. the step's micro-batches are fetched together (`get_batch_samples`); the reference point z0 = KL(pi || pi_ref)
+     is estimated ONCE for the step from mismatched pairs of its rows (prompt i with the completion of its
+     neighbour, `algos.kto.mismatched_partners`), under no_grad, summed over every process, clamped at 0;
+  2. per micro-batch: completion log-probs of the policy and of the reference (a frozen copy, the base model with
+     the adapter disabled under PEFT), computed chunk by chunk over the vocabulary (`models.lm_head`);
+  3. loss = `algos.kto.kto_losses` (kto or apo_zero_unpaired, desirable/undesirable weights), each row's share of
+     the mean over the step's rows, so 8 micro-batches of 1 row give the update of 1 micro-batch of 8.
+Departures from TRL: docs/kto.md.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+from accelerate import PartialState
+from torch import Tensor, nn
+from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
+
+from replayrl.accumulation import OwnLossScalingMixin
+from replayrl.algos.kto import kto_losses, kto_reference_point, mismatched_partners
+from replayrl.checkpoints import SafeCheckpointsMixin
+from replayrl.data.preference import truncate_pair
+from replayrl.data.unpaired import (
+    UnpairedDataCollator,
+    rows_from_pairs,
+    split_rows,
+    tokenize_unpaired_row,
+    unpair_rows,
+    unpaired_kind,
+)
+from replayrl.kto.config import KTOConfig
+from replayrl.metrics.callback import attach_metrics_file
+from replayrl.models.attention import is_peft_model
+from replayrl.models.lm_head import forward_to_head
+from replayrl.models.loading import load_causal_lm
+from replayrl.models.reference import SyncRefModelCallback
+
+
+class KTOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
+    """TRL-compatible KTO trainer: `KTOTrainer(model, ref_model=None, args=KTOConfig(...), train_dataset=...)`."""
+
+    _tag_names = ["trl", "kto", "replayrl"]
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        ref_model: str | PreTrainedModel | None = None,
+        args: KTOConfig | None = None,
+        data_collator=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        compute_metrics=None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: tuple = (None, None),
+        quantization_config=None,
+        peft_config=None,
+    ):
+        model_id = model if isinstance(model, str) else model.config._name_or_path
+        args = args if args is not None else KTOConfig(output_dir=f"{model_id.split('/')[-1]}-KTO")
+        if quantization_config is not None:
+            raise ValueError("quantization_config is not supported by replayrl's KTO; pass None (load in full).")
+        if ref_model is not None and ref_model is model:
+            raise ValueError("ref_model is the same object as model; pass ref_model=None (a frozen copy is made).")
+        self._check_batch(args)
+        remote = {"trust_remote_code": True} if args.trust_remote_code else {}
+        processing_class = processing_class or AutoTokenizer.from_pretrained(model_id, **remote)
+        if processing_class.pad_token is None:
+            processing_class.pad_token = processing_class.eos_token
+        init = {**(args.model_init_kwargs or {}), **remote} if isinstance(model, str) else args.model_init_kwargs
+        model = load_causal_lm(model, init)
+        if peft_config is not None:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, peft_config)
+        ref_model = self._build_ref_model(model, ref_model, args)
+        with PartialState().main_process_first():
+            train_dataset = self._tokenize(train_dataset, "train_dataset", processing_class, args)
+            eval_dataset = self._tokenize(eval_dataset, "eval_dataset", processing_class, args)
+        pad_id = processing_class.pad_token_id
+        data_collator = data_collator or UnpairedDataCollator(pad_id, args.max_length, args.pad_to_multiple_of)
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            compute_metrics=compute_metrics,
+            callbacks=callbacks,
+            optimizers=optimizers,
+        )
+        self._pad_id = pad_id
+        self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
+        self.ref_model = ref_model
+        if self.ref_model is not None:
+            self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
+        attach_metrics_file(self)
+        if args.sync_ref_model:
+            if self.ref_model is None:
+                raise ValueError("sync_ref_model=True needs a separate reference model; it cannot be used with PEFT.")
+            self.add_callback(SyncRefModelCallback(self))
+
+    # ----------------------------------------------------------------------------------------- setup
+    @staticmethod
+    def _check_batch(args: KTOConfig) -> None:
+        rows = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        if args.loss_type == "kto" and rows < 2:
+            raise ValueError(
+                f"per_device_train_batch_size * gradient_accumulation_steps = {rows}: KTO's KL estimate pairs each "
+                "prompt with another row's completion, so each process needs at least 2 rows per optimizer step. "
+                "Raise either."
+            )
+
+    @staticmethod
+    def _build_ref_model(model, ref_model, args: KTOConfig):
+        """The given reference, a frozen copy of the policy, or None under PEFT (adapter disabled); dropout off."""
+        if ref_model is not None:
+            ref_model = load_causal_lm(ref_model, args.model_init_kwargs if isinstance(ref_model, str) else None)
+        elif not is_peft_model(model):
+            ref_model = copy.deepcopy(model)
+        for m in (model, ref_model):
+            if m is not None and args.disable_dropout:
+                for module in m.modules():
+                    if isinstance(module, nn.Dropout):
+                        module.p = 0.0
+        if ref_model is not None:
+            ref_model.eval()
+            ref_model.requires_grad_(False)
+        return ref_model
+
+    @staticmethod
+    def _tokenize(dataset, name: str, tokenizer, args: KTOConfig):
+        if dataset is None:
+            return None
+        if isinstance(dataset, dict):
+            return {k: KTOTrainer._tokenize(v, f"{name}[{k!r}]", tokenizer, args) for k, v in dataset.items()}
+        kind = unpaired_kind(dataset.column_names, name)
+        if kind == "tokenized":
+            return dataset
+        if kind == "paired":
+            dataset = dataset.map(unpair_rows, batched=True, remove_columns=dataset.column_names, desc="Unpairing")
+        dataset = dataset.map(
+            tokenize_unpaired_row,
+            fn_kwargs={"tokenizer": tokenizer},
+            remove_columns=dataset.column_names,
+            num_proc=args.dataset_num_proc,
+            desc=f"Tokenizing {name}",
+        )
+        if args.max_length is not None:  # a prompt filling max_length leaves no completion token to learn from
+            dataset = dataset.filter(lambda row: len(row["prompt_input_ids"]) < args.max_length)
+        return dataset
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
+        """As Trainer.evaluate; a dataset passed here is unpaired and tokenised like the constructor's."""
+        if eval_dataset is not None and not isinstance(eval_dataset, str):
+            eval_dataset = self._tokenize(eval_dataset, "eval_dataset", self.processing_class, self.args)
+        return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+
+    def _set_signature_columns_if_needed(self):
+        if self._signature_columns is None:  # the collator's inputs, not the model's forward arguments
+            self._signature_columns = ["prompt_input_ids", "completion_input_ids", "label"]
+
+    # ----------------------------------------------------------------------------------------- KL estimate
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """The step's micro-batches, each told the step's reference point and row count."""
+        batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if batches:
+            rows = torch.tensor(float(sum(len(b["label"]) for b in batches)), device=self.accelerator.device)
+            z0 = self._reference_point(batches)
+            for batch in batches:
+                batch["kto_reference_point"], batch["kto_step_rows"] = z0, rows
+        return batches, num_items
+
+    @torch.no_grad()
+    def _reference_point(self, batches: list[dict]) -> Tensor:
+        """z0 from mismatched pairs of all rows of `batches` (this process), averaged over every process."""
+        device = self.accelerator.device
+        if self.args.loss_type != "kto":
+            return torch.zeros((), device=device)
+        pairs = [pair for batch in batches for pair in split_rows(batch)]
+        if len(pairs) < 2:  # e.g. a last evaluation batch of one row: it adds nothing to the estimate
+            pairs = []
+        partners = mismatched_partners(len(pairs)).tolist() if pairs else []
+        mismatched = [truncate_pair(pairs[i][0], pairs[j][1], self.args.max_length, "keep_start")
+                      for i, j in enumerate(partners)]  # fmt: skip
+        total = torch.zeros((), device=device)
+        size = max(len(b["label"]) for b in batches)  # the memory of one micro-batch
+        for start in range(0, len(mismatched), size):
+            chunk = rows_from_pairs(mismatched[start : start + size], self._pad_id, self.args.pad_to_multiple_of)
+            chunk = {k: v.to(device) for k, v in chunk.items()}
+            with self._reference() as ref:
+                ref_logps = completion_logps(ref, chunk)[0]
+            total += (completion_logps(self.model, chunk)[0] - ref_logps).sum()
+        stats = torch.stack([total, torch.tensor(float(len(pairs)), device=device)])
+        stats = self.accelerator.reduce(stats, reduction="sum")
+        return kto_reference_point(stats[0], stats[1])
+
+    @contextmanager
+    def _reference(self):
+        """The reference model, or the policy with its adapter disabled (PEFT)."""
+        if self.ref_model is not None:
+            yield self.ref_model
+        else:
+            policy = self.accelerator.unwrap_model(self.model)
+            with policy.disable_adapter():
+                yield policy
+
+    # ----------------------------------------------------------------------------------------- loss
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        mode = "train" if model.training else "eval"
+        logps, entropy = completion_logps(model, inputs, with_entropy=True)
+        with torch.no_grad(), self._reference() as ref:
+            ref_logps = completion_logps(ref, inputs)[0]
+        if "kto_reference_point" not in inputs:  # evaluation: this batch's own estimate
+            inputs["kto_reference_point"] = self._reference_point([inputs])
+        z0 = inputs["kto_reference_point"]
+        desirable = inputs["label"].bool()
+        a = self.args
+        losses = kto_losses(logps - ref_logps, desirable, z0, a.beta, a.desirable_weight, a.undesirable_weight,
+                            a.loss_type)  # fmt: skip
+        if model.training:  # this micro-batch's share of the mean over the step's rows
+            loss = losses.sum() / inputs["kto_step_rows"]
+        else:
+            loss = losses.mean()
+        self._record_metrics(mode, inputs, logps.detach() - ref_logps, logps.detach(), entropy, z0)
+        return (loss, {}) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs)
+        return loss.detach(), None, None
+
+    # ----------------------------------------------------------------------------------------- metrics
+    def _record_metrics(self, mode: str, inputs: dict, logratios: Tensor, logps: Tensor, entropy, z0) -> None:
+        """Global means (one all-reduce): rewards (beta * log-ratio) and log-probs of each side, token entropy."""
+        good = inputs["label"].bool().float()
+        tokens = inputs["completion_mask"][:, 1:].float()
+        sums = torch.stack([
+            (good * logratios).sum(), ((1 - good) * logratios).sum(), (good * logps).sum(), ((1 - good) * logps).sum(),
+            good.sum(), (1 - good).sum(), (entropy * tokens).sum(), tokens.sum(),
+        ]).float()  # fmt: skip
+        s = self.accelerator.reduce(sums, reduction="sum").tolist()
+        m = self._metrics[mode]
+        if s[4] > 0:
+            m["rewards/chosen"].append(self.args.beta * s[0] / s[4])
+            m["logps/chosen"].append(s[2] / s[4])
+        if s[5] > 0:
+            m["rewards/rejected"].append(self.args.beta * s[1] / s[5])
+            m["logps/rejected"].append(s[3] / s[5])
+        if s[4] > 0 and s[5] > 0:
+            m["rewards/margins"].append(m["rewards/chosen"][-1] - m["rewards/rejected"][-1])
+        m["entropy"].append(s[6] / max(s[7], 1.0))
+        m["kl"].append(float(z0))
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "eval" if any(k.startswith("eval_") for k in logs) else "train"
+        prefix = "eval_" if mode == "eval" else ""
+        logs.update({prefix + k: sum(v) / len(v) for k, v in self._metrics[mode].items() if v})
+        self._metrics[mode].clear()
+        super().log(logs, start_time)
+
+    # ----------------------------------------------------------------------------------------- checkpoints
+    def _extra_state(self) -> dict:
+        """TR-DPO's moving reference (sync_ref_model) is part of the training state."""
+        if not self.args.sync_ref_model:
+            return {}
+        return {"ref_model": self.accelerator.unwrap_model(self.ref_model).state_dict()}
+
+    def _load_extra_state(self, state: dict) -> None:
+        if self.args.sync_ref_model:
+            self.accelerator.unwrap_model(self.ref_model).load_state_dict(state["ref_model"])
+
+
+def completion_logps(model, batch: dict[str, Tensor], with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Summed log-probs of each row's completion tokens ``(B,)`` and, with `with_entropy`, the per-position token
+    entropies ``(B, L - 1)`` (no gradient). Rows: right-padded ``input_ids``, ``attention_mask``,
+    ``completion_mask`` (B, L). The vocabulary is processed chunk by chunk (no full float32 logits)."""
+    ids = batch["input_ids"]
+    _, head = forward_to_head(model, input_ids=ids, attention_mask=batch["attention_mask"], use_cache=False)
+    mask = batch["completion_mask"][:, 1:].bool()
+    stats = head.positions(slice(None, -1)).token_stats(ids[:, 1:], mask=mask, with_entropy=with_entropy)
+    return stats.logps.sum(-1), stats.entropy
