@@ -103,3 +103,12 @@ def full_and_resumed_logs(run, tmp_path: Path, steps: int = 4) -> list[tuple[dic
     resumed = [h for h in run(tmp_path / "part", resume=str(tmp_path / "part" / "checkpoint-1")) if h["step"] > 1]
     assert [h["step"] for h in resumed] == list(range(2, steps + 1))
     return list(zip(full[1:], resumed))
+
+
+@pytest.fixture
+def fast_warm_up(monkeypatch):
+    """The built-in addition policy with a 10-step warm-up instead of 300 (the slowest part of a short CLI run)."""
+    from replayrl.tasks import addition
+
+    real = addition.warm_up
+    monkeypatch.setattr(addition, "warm_up", lambda model, tok, seed: real(model, tok, seed, steps=10))

@@ -15,10 +15,10 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Any
 
-from replayrl.cli.preference import parse_args, run_job, user_datasets
+from replayrl.cli.preference import job_inputs, parse_args, run_job
 from replayrl.dpo import DPOConfig, DPOTrainer
 from replayrl.tasks import addition
-from replayrl.tasks.preferences import TASK_DESCRIPTION, preference_datasets
+from replayrl.tasks.preferences import TASK_DESCRIPTION
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "learning_rate": 1e-3,
@@ -38,16 +38,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
 
 
 def build_trainer(script, config: DPOConfig) -> DPOTrainer:
-    # datasets first: their errors must come before the model's warm-up
-    if script.dataset_name is None:
-        train, held_out = preference_datasets(config.seed, per_problem=4)
-        evaluation = held_out if config.eval_strategy != "no" or config.eval_on_start else None
-    else:
-        train, evaluation = user_datasets(script, config)
-    if script.model_name_or_path is None:
-        model, tokenizer = addition.build_default_model(config.seed)
-    else:
-        model, tokenizer = script.model_name_or_path, None
+    train, evaluation, model, tokenizer = job_inputs(script, config, addition.build_default_model)
     return DPOTrainer(model, args=config, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer)
 
 

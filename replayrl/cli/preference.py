@@ -87,6 +87,22 @@ def user_datasets(script: ScriptArguments, config) -> tuple[Any, Any]:
     return train, test
 
 
+def job_inputs(script: ScriptArguments, config, build_default_model: Callable[[int], tuple]) -> tuple:
+    """(train, eval or None, model, tokenizer or None): the built-in addition preferences (its held-out pairs for
+    evaluation) and `build_default_model(seed)`, or the user's --dataset_name / --model_name_or_path. The datasets
+    come first: their errors must come before the model's warm-up."""
+    if script.dataset_name is None:
+        from replayrl.tasks.preferences import preference_datasets
+
+        train, held_out = preference_datasets(config.seed, per_problem=4)
+        evaluation = held_out if config.eval_strategy != "no" or config.eval_on_start else None
+    else:
+        train, evaluation = user_datasets(script, config)
+    if script.model_name_or_path is None:
+        return (train, evaluation, *build_default_model(config.seed))
+    return train, evaluation, script.model_name_or_path, None
+
+
 def run_job(command: str, config, build: Callable[[], Any], describe: str, metric: str) -> int:
     """Build the trainer (ValueError/OSError -> CLIError), train, save, plot, print the summary."""
     start = time.perf_counter()

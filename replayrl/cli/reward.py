@@ -15,11 +15,11 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Any
 
-from replayrl.cli.preference import parse_args, run_job, user_datasets
+from replayrl.cli.preference import job_inputs, parse_args, run_job
 from replayrl.models.tiny import build_tiny_sequence_classifier, build_tokenizer
 from replayrl.reward import RewardConfig, RewardTrainer
 from replayrl.tasks import addition
-from replayrl.tasks.preferences import TASK_DESCRIPTION, preference_datasets
+from replayrl.tasks.preferences import TASK_DESCRIPTION
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "learning_rate": 1e-3,
@@ -45,16 +45,7 @@ def build_default_reward_model(seed: int):
 
 
 def build_trainer(script, config: RewardConfig) -> RewardTrainer:
-    # datasets first: their errors must come before the model's warm-up
-    if script.dataset_name is None:
-        train, held_out = preference_datasets(config.seed, per_problem=4)
-        evaluation = held_out if config.eval_strategy != "no" or config.eval_on_start else None
-    else:
-        train, evaluation = user_datasets(script, config)
-    if script.model_name_or_path is None:
-        model, tokenizer = build_default_reward_model(config.seed)
-    else:
-        model, tokenizer = script.model_name_or_path, None
+    train, evaluation, model, tokenizer = job_inputs(script, config, build_default_reward_model)
     return RewardTrainer(model, args=config, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer)
 
 

@@ -14,7 +14,6 @@ Departures from TRL: docs/kto.md.
 from __future__ import annotations
 
 import copy
-from collections import defaultdict
 from contextlib import contextmanager
 
 import torch
@@ -36,13 +35,14 @@ from replayrl.data.unpaired import (
 )
 from replayrl.kto.config import KTOConfig
 from replayrl.metrics.callback import attach_metrics_file
+from replayrl.metrics.means import MeanMetricsMixin
 from replayrl.models.attention import is_peft_model
 from replayrl.models.lm_head import forward_to_head
 from replayrl.models.loading import load_causal_lm
 from replayrl.models.reference import SyncRefModelCallback
 
 
-class KTOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
+class KTOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetricsMixin, Trainer):
     """TRL-compatible KTO trainer: `KTOTrainer(model, ref_model=None, args=KTOConfig(...), train_dataset=...)`."""
 
     _tag_names = ["trl", "kto", "replayrl"]
@@ -97,7 +97,7 @@ class KTOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
             optimizers=optimizers,
         )
         self._pad_id = pad_id
-        self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
+        self._init_metrics()
         self.ref_model = ref_model
         if self.ref_model is not None:
             self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
@@ -259,13 +259,6 @@ class KTOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
             m["rewards/margins"].append(m["rewards/chosen"][-1] - m["rewards/rejected"][-1])
         m["entropy"].append(s[6] / max(s[7], 1.0))
         m["kl"].append(float(z0))
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        mode = "eval" if any(k.startswith("eval_") for k in logs) else "train"
-        prefix = "eval_" if mode == "eval" else ""
-        logs.update({prefix + k: sum(v) / len(v) for k, v in self._metrics[mode].items() if v})
-        self._metrics[mode].clear()
-        super().log(logs, start_time)
 
     # ----------------------------------------------------------------------------------------- checkpoints
     def _extra_state(self) -> dict:

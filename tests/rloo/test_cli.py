@@ -6,7 +6,6 @@ import pytest
 
 from replayrl.cli import main
 from replayrl.metrics import METRICS_FILE, PLOT_FILE, read_metrics
-from replayrl.tasks import addition
 
 
 @pytest.fixture(autouse=True)
@@ -14,9 +13,7 @@ def _in_tmp_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-def test_builtin_job_runs_and_writes_metrics_and_plot(tmp_path, capsys, monkeypatch):
-    real_warm_up = addition.warm_up  # a 10-step warm-up instead of 300: the slowest part on a busy machine
-    monkeypatch.setattr(addition, "warm_up", lambda model, tok, seed: real_warm_up(model, tok, seed, steps=10))
+def test_builtin_job_runs_and_writes_metrics_and_plot(tmp_path, capsys, fast_warm_up):
     out = tmp_path / "rloo"
     argv = ["rloo", "--output_dir", str(out), "--max_steps", "4", "--logging_steps", "2", "--eval_steps", "2",
             "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "40"]  # fmt: skip
