@@ -68,7 +68,7 @@ GRPO_SETTINGS: dict = dict(
 
 
 def make_random_reward(seed: int):
-    """The seed's replay example reward: all zeros for 25% of the batches (so those groups have zero std), else
+    """TRL's replay example reward: all zeros for 25% of the batches (so those groups have zero std), else
     uniform noise. Its own generator keeps the stream identical across libraries and trainers."""
     import torch
 

@@ -3,7 +3,7 @@
     python benchmarks/replay_overhead.py            # tiny (5 rounds) + larger (3 rounds)
     python benchmarks/replay_overhead.py --quick    # smoke run
 
-Each round runs plain `GRPOTrainer` and `GRPOWithReplayBufferTrainer` (the seed's replay example: the reward is
+Each round runs plain `GRPOTrainer` and `GRPOWithReplayBufferTrainer` (TRL's replay example: the reward is
 all zeros for 25% of the batches, else uniform noise) with the same seed, in fresh worker processes, alternating
 which goes first. Reported: the ratio of median step times (replay / plain; the medians are over rounds of the
 per-run medians), and the share of a replay step spent in the buffer's bookkeeping (`_postprocess_rollout`, which

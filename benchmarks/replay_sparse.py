@@ -53,7 +53,7 @@ SETTINGS = dict(
     use_cpu=True,
 )
 # arm -> (trainer, config overrides). Replay arms spell out every knob whose default changed, so that a result file
-# names what ran: SEED is the seed's semantics (no age or reuse bound, PPO ratio against the behaviour policy), which
+# names what ran: SEED is TRL's replay semantics (no age or reuse bound, PPO ratio against the behaviour policy), which
 # was replayrl's default before this benchmark; "default" is GRPOWithReplayBufferConfig's defaults as they are now.
 SEED = {"replay_max_age": None, "replay_max_reuse": None, "replay_importance_cap": None}
 ARMS: dict[str, tuple[str, dict]] = {

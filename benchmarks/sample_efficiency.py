@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, median, print_table, remove_scratch, write_results  # noqa: E402
 
 # arm -> replay settings on top of the default job's (None: plain GRPOTrainer). Knobs whose library default changed
-# are spelled out: "replay" is the job with the seed's objective and no reuse bound (the job sets max age 10), as
+# are spelled out: "replay" is the job with TRL's replay objective and no reuse bound (the job sets max age 10), as
 # measured before the change; "default" takes GRPOWithReplayBufferConfig's current defaults under the job's settings.
 _SEED = {"replay_max_reuse": None, "replay_importance_cap": None}
 ARM_SETTINGS: dict[str, dict | None] = {

@@ -3,7 +3,7 @@
     python benchmarks/step_time.py            # tiny + larger, beta 0.04 and 0.0, 2 rounds
     python benchmarks/step_time.py --quick    # smoke run
 
-Runs `GRPOWithReplayBufferTrainer` (the seed's replay example: the reward is all zeros for 25% of the batches,
+Runs `GRPOWithReplayBufferTrainer` (TRL's replay example: the reward is all zeros for 25% of the batches,
 else uniform noise; buffer of 8 groups for `tiny`, 64 for `larger`) in fresh worker processes (`grpo_worker.py`),
 the betas alternating within each round. Parts of a step (seconds; see `grpo_worker.py`): generation, logps
 (no-grad reference pass when beta > 0), loss_fwd (forward with grad + loss), backward, optimizer, replay (buffer

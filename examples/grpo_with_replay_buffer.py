@@ -1,4 +1,4 @@
-"""The seed documentation's usage example, run as written with only the model and dataset swapped for
+"""TRL's GRPOWithReplayBuffer documentation usage example, run as written with only the model and dataset swapped for
 local ones (no hub): `python examples/grpo_with_replay_buffer.py [output_dir]`."""
 
 import sys
