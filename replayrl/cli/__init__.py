@@ -48,12 +48,25 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `replayrl` console script; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        return _dispatch(argv)
+        status = _dispatch(argv)
+        _end_distributed()
+        return status
     except CLIError as err:
         print(f"{PROG}: error: {one_line(str(err))}", file=sys.stderr)
         return 2
     except SystemExit as exit_:  # argparse's --help
         return exit_.code if isinstance(exit_.code, int) else 0
+
+
+def _end_distributed() -> None:
+    """Under `accelerate launch`: wait for every process, then destroy the process group while the interpreter is
+    fully alive. Left to interpreter teardown, gloo's threads and pending work are destroyed in no set order and a
+    process sometimes aborts after its work is done ("terminate called without an active exception",
+    pytorch/pytorch#190489). Looks only at a torch that the command already imported."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _dispatch(argv: list[str]) -> int:
