@@ -13,7 +13,7 @@ WORKER = Path(__file__).with_name("distributed_worker.py")
 
 
 def test_two_processes_equal_one(tokenizer, tmp_path):
-    result = launch_two_processes(WORKER, tmp_path / "kto", 29533)
+    result = launch_two_processes(WORKER, tmp_path / "kto", 29541)
     assert result["world"] == 2
     trainer = make(tokenizer, tmp_path, per_device_train_batch_size=8, max_steps=2, optim="sgd", learning_rate=1.0,
                    max_grad_norm=0.0)  # fmt: skip

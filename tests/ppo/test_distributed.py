@@ -47,7 +47,7 @@ def test_two_processes_equal_one(tmp_path):
             "--dynamo_backend",
             "no",
             "--main_process_port",
-            "29533",
+            "29545",
         ],
         tmp_path / "two",
     )

@@ -16,7 +16,7 @@ WORKER = Path(__file__).with_name("distributed_worker.py")
 
 
 def test_two_processes_equal_one(tokenizer, tmp_path):
-    result = launch_two_processes(WORKER, tmp_path / "rloo", 29531)
+    result = launch_two_processes(WORKER, tmp_path / "rloo", 29543)
     assert result["world"] == 2
     batch = Rollout.concat([Rollout.from_state_dict(mb) for rank in result["batches"] for mb in rank])
     assert batch.num_rows == 8

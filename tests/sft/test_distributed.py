@@ -15,7 +15,7 @@ WORKER = Path(__file__).with_name("distributed_worker.py")
 
 
 def launch(out: Path, mode: str) -> dict:
-    return launch_two_processes(WORKER, out, 29533, mode)
+    return launch_two_processes(WORKER, out, 29547, mode)
 
 
 @pytest.mark.slow
