@@ -6,6 +6,31 @@
 
 Each subcommand module has `run(argv) -> int`. Bad input raises `CLIError`: one line on stderr, exit status 2.
 This module imports nothing heavy, so `replayrl --help` and a mistyped command answer at once.
+
+Adding a subcommand (a trainer `replayrl foo`): one module `replayrl/cli/foo.py` and one line in `COMMANDS`.
+The module uses the skeleton in `replayrl.cli.common`:
+
+    from replayrl.cli.common import ModelArguments, ScriptArguments, parse_command, run_job, user_datasets
+
+    DEFAULT_CONFIG = {"max_steps": 50, "learning_rate": 1e-3}  # the built-in job's settings (no model, no dataset)
+
+    def run(argv: list[str]) -> int:
+        script, model_args, config = parse_command(
+            "foo", (ScriptArguments, ModelArguments, FooConfig), argv, DEFAULT_CONFIG, description="Train with Foo."
+        )
+        def build():  # datasets first (their errors before any model loading), then model and trainer
+            builtin = script.dataset_name is None
+            train, evaluation = builtin_data(config.seed) if builtin else user_datasets(script, config)
+            model = model_args.model_name_or_path or build_tiny_model(config.seed)
+            return FooTrainer(model, args=config, train_dataset=train, eval_dataset=evaluation)
+        return run_job("foo", config, build, "what runs", summary=("loss",), tiny=model_args.model_name_or_path is None)
+
+`parse_command` puts every field of the dataclasses on one `HfArgumentParser` (flags < --config recipe < the
+built-in job's settings < defaults; output_dir=runs/foo-<time>, report_to=none); a command needing more data flags
+subclasses `ScriptArguments`, one with model loading and LoRA flags uses `replayrl.models.model_config.ModelConfig`
+instead of `ModelArguments`. `run_job` checks --resume_from_checkpoint, builds (ValueError/OSError -> one-line
+error), trains, saves, writes training.png (skipped with a note without the `plot` extra) and prints the summary.
+The module may import its trainer at the top: it is imported only when its command runs.
 """
 
 from __future__ import annotations

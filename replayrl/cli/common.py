@@ -1,4 +1,6 @@
-"""Shared pieces of the `replayrl` subcommands: one-line errors, parsers, recipe files, dataset loading.
+"""The skeleton of every `replayrl` subcommand: shared flags (`ScriptArguments`, `ModelArguments`), one
+`HfArgumentParser` (`make_parser`), flags < recipe < defaults resolution (`parse_with_recipe`), dataset loading,
+and build-train-save-plot-summarise (`run_job`, `finish_run`). See `replayrl.cli` for how to add a subcommand.
 
 Imports nothing heavy at module level: `replayrl --help`, `replayrl plot` and argument errors stay instant.
 """
@@ -6,8 +8,11 @@ Imports nothing heavy at module level: `replayrl --help`, `replayrl plot` and ar
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+import time
+import typing
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +26,94 @@ class CLIError(Exception):
 
 def help_text(text: str) -> dict:
     return {"help": text}
+
+
+# ---------------------------------------------------------------------------------------------- shared flags
+@dataclass
+class ScriptArguments:
+    """The recipe and data flags of every training command (TRL's `ScriptArguments` names). A command with more
+    (prompt column, rewards, ...) subclasses it; the model's flags are `ModelArguments` or, with loading and LoRA
+    options, `replayrl.models.model_config.ModelConfig`."""
+
+    _argument_group_name = "script arguments (recipe, data)"
+
+    config: str | None = field(
+        default=None,
+        metadata=help_text("Recipe YAML of flag values (keys = flag names); flags given here override it."),
+    )
+    dataset_name: str | None = field(
+        default=None,
+        metadata=help_text(
+            "Hub dataset name, a folder written by save_to_disk, a data folder, or a .json/.jsonl/.csv/.parquet "
+            "file (None: the built-in job's data)."
+        ),
+    )
+    dataset_config: str | None = field(default=None, metadata=help_text("Dataset configuration name (e.g. 'main')."))
+    dataset_train_split: str = field(
+        default="train", metadata={**help_text("Split to train on."), "aliases": ["--dataset_split", "--dataset-split"]}
+    )
+    dataset_test_split: str | None = field(
+        default=None,
+        metadata=help_text("Split to evaluate on, with --eval_strategy steps|epoch (None: no evaluation)."),
+    )
+
+
+@dataclass
+class ModelArguments:
+    """The model flag of commands without loading options (the built-in job's model when None)."""
+
+    _argument_group_name = "model"
+
+    model_name_or_path: str | None = field(
+        default=None, metadata=help_text("Model to train: a hub name or a save_pretrained folder (None: built-in job).")
+    )
+
+
+def make_parser(command: str, types: Sequence[type], **kwargs: Any) -> argparse.ArgumentParser:
+    """An `HfArgumentParser` over the dataclasses `types` whose errors are one-line `CLIError`s. A field of two
+    dataclasses (`trust_remote_code`: `ModelConfig` and `GRPOConfig`) is one flag, owned by the first that has it;
+    `parse_with_recipe` gives its value to both. `kwargs` go to argparse (description, epilog, ...)."""
+    from transformers import HfArgumentParser
+
+    class Parser(RaisingParserMixin, HfArgumentParser):
+        pass
+
+    owned, seen = [], set()
+    for cls in types:
+        names = {f.name for f in fields(cls) if f.init}
+        owned.append(_without(cls, names & seen) if names & seen else cls)
+        seen |= names
+    kwargs.setdefault("usage", f"{PROG} {command} [-h] [--config RECIPE.yaml] [--<flag> VALUE ...]")
+    parser = Parser(owned, prog=f"{PROG} {command}", formatter_class=HelpFormatter, allow_abbrev=False, **kwargs)
+    parser.source_types = tuple(types)
+    return parser
+
+
+def _without(cls: type, names: set[str]) -> type:
+    """A stand-in of dataclass `cls` for parsing, without the fields `names` (no __post_init__: `cls` runs it)."""
+    hints = typing.get_type_hints(cls)
+    spec = [
+        (f.name, hints[f.name], field(default=f.default, default_factory=f.default_factory, metadata=f.metadata))
+        for f in fields(cls)
+        if f.init and f.name not in names
+    ]
+    group = {"_argument_group_name": cls._argument_group_name} if hasattr(cls, "_argument_group_name") else {}
+    return make_dataclass(cls.__name__, spec, namespace=group)
+
+
+def _rebuild(types: Sequence[type], parsed: list) -> list:
+    """The parsed stand-ins as the real dataclasses, shared fields filled from their owner."""
+    values: dict[str, Any] = {}
+    out = []
+    for cls, obj in zip(types, parsed):
+        if type(obj) is not cls:
+            own = {f.name for f in fields(obj)}
+            obj = cls(
+                **{f.name: getattr(obj, f.name) if f.name in own else values[f.name] for f in fields(cls) if f.init}
+            )
+        values.update({f.name: getattr(obj, f.name) for f in fields(cls)})
+        out.append(obj)
+    return out
 
 
 class RaisingParserMixin:
@@ -270,15 +363,130 @@ def parse_with_recipe(parser, argv: list[str], command: str, defaults: dict[str,
         *parsed, remaining = parser.parse_args_into_dataclasses(
             argv, return_remaining_strings=True, look_for_args_file=False
         )
+        if remaining:
+            raise CLIError(f"unrecognized arguments: {' '.join(remaining)} (see `{PROG} {command} --help`)")
+        return _rebuild(getattr(parser, "source_types", ()), parsed) if hasattr(parser, "source_types") else parsed
     except (ValueError, TypeError) as err:  # the config's own validation, with its fix-it message
         raise CLIError(str(err)) from err
-    if remaining:
-        raise CLIError(f"unrecognized arguments: {' '.join(remaining)} (see `{PROG} {command} --help`)")
-    return parsed
+
+
+def parse_command(command: str, types: Sequence[type], argv: list[str], builtin: dict[str, Any], **kwargs: Any) -> list:
+    """`make_parser(command, types, **kwargs)` resolved by `parse_with_recipe` with the CLI's own defaults
+    (output_dir=runs/<command>-<time>, report_to=none where the config has it) and the built-in job's settings."""
+    parser = make_parser(command, types, **kwargs)
+    defaults = {"output_dir": run_dir(command)}
+    if any(f.name == "report_to" for cls in types for f in fields(cls)):
+        defaults["report_to"] = "none"
+    return parse_with_recipe(parser, argv, command, defaults, builtin)
+
+
+def user_datasets(script: ScriptArguments, config: Any) -> tuple[Any, Any]:
+    """(train, eval or None) from --dataset_name: the train split, and the test split when one is given."""
+    evaluating = config.eval_strategy != "no" or config.eval_on_start
+    if evaluating and not script.dataset_test_split:
+        raise CLIError("evaluation is on (--eval_strategy / --eval_on_start) but no --dataset_test_split is given")
+    train = load_any_dataset(script.dataset_name, script.dataset_config, script.dataset_train_split)
+    test = script.dataset_test_split
+    return train, load_any_dataset(script.dataset_name, script.dataset_config, test) if test else None
 
 
 def run_dir(command: str) -> str:
     """The default output_dir of a command line run: runs/<command>-<time>."""
-    import time
-
     return f"runs/{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def builtin_job(script: ScriptArguments, model_args: Any) -> bool:
+    """No model and no dataset given: the command runs its built-in offline job."""
+    return model_args.model_name_or_path is None and script.dataset_name is None
+
+
+# ---------------------------------------------------------------------------------------------- build and run
+def run_job(
+    command: str,
+    config: Any,
+    build: Callable[[], Any],
+    describe: str,
+    *,
+    summary: Sequence[str] | Callable[[list[dict]], list[str]],
+    tiny: bool = False,
+    after: Callable[[Any], list[str]] | None = None,
+    saved: str = "final model + tokenizer",
+) -> int:
+    """The run of a `transformers.Trainer`-based command: check --resume_from_checkpoint (before any loading),
+    build the trainer (ValueError/OSError/ImportError -> CLIError), train, save the model to output_dir, then
+    plot and print the summary (`finish_run`). `summary`: metric keys (first -> last log) or records -> lines;
+    `tiny`: the built-in tiny model, trained on one torch thread; `after(trainer)`: extra summary lines (e.g. a
+    held-out check) computed after training."""
+    start = time.perf_counter()
+    resume = check_resume(config.resume_from_checkpoint, config.output_dir, config.overwrite_output_dir)
+    with _one_thread() if tiny else nullcontext():
+        try:
+            trainer = build()
+        except (ValueError, OSError, ImportError) as err:  # bad format, missing model, no peft, ...
+            raise CLIError(str(err)) from err
+        print(f"{PROG} {command}: {describe}; output_dir {config.output_dir}", flush=True)
+        trainer.train(resume_from_checkpoint=resume)
+        trainer.save_model(config.output_dir)
+        extra = after(trainer) if after is not None else []
+    if trainer.is_world_process_zero():
+        steps = f"{trainer.state.global_step} optimizer steps"
+        finish_run(command, config.output_dir, steps, time.perf_counter() - start, summary, extra, saved)
+    return 0
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    from replayrl.tasks.addition import one_thread
+
+    with one_thread():
+        yield
+
+
+def finish_run(
+    command: str,
+    output_dir: str | Path,
+    steps: str,
+    seconds: float,
+    summary: Sequence[str] | Callable[[list[dict]], list[str]],
+    extra: Sequence[str] = (),
+    saved: str | None = "final model + tokenizer",
+) -> None:
+    """The closing summary of a run: `summary` lines from its metrics.jsonl, `extra` lines, where the model,
+    metrics, plot (drawn now, or skipped without matplotlib) and last checkpoint are."""
+    from replayrl.metrics import METRICS_FILE, read_metrics
+
+    out = Path(output_dir)
+    records = read_metrics(out / METRICS_FILE) if (out / METRICS_FILE).is_file() else []
+    lines = summary(records) if callable(summary) else first_last_lines(records, summary)
+    print(f"\n{PROG} {command}: done, {steps} in {seconds:.0f} s wall time")
+    for line in [*lines, *extra]:
+        print(f"  {line}")
+    if saved:
+        print(f"  {saved}: {out}/")
+    print(f"  metrics: {out / METRICS_FILE}\n  plot: {plot_or_skip(out)}")
+    checkpoints = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    if checkpoints:
+        print(f"  last checkpoint: {checkpoints[-1]}")
+
+
+def first_last_lines(records: list[dict], keys: Sequence[str]) -> list[str]:
+    """For each metric in `keys` (and its eval_ twin) the run logged: first logged value -> last."""
+    from replayrl.metrics import series
+
+    lines = []
+    for name in [k for key in keys for k in (key, f"eval_{key}")]:
+        steps, values = series(records, name)
+        if values:
+            lines.append(f"{name}: {values[0]:.3f} (step {steps[0]}) -> {values[-1]:.3f} (step {steps[-1]})")
+    return lines
+
+
+def plot_or_skip(run_dir: str | Path) -> str:
+    """Draw RUN_DIR/training.png and say where it is; without matplotlib say the plot was skipped (the run and
+    its metrics.jsonl are complete: `replayrl plot RUN_DIR` draws it later)."""
+    from replayrl.metrics.plot import PlotUnavailable, plot_run
+
+    try:
+        return f"{plot_run(run_dir)}  (re-draw: {PROG} plot {run_dir})"
+    except PlotUnavailable as err:
+        return f"skipped: {err}"

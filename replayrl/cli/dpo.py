@@ -12,13 +12,12 @@ of the time) trained with DPO on preference pairs "a+b=" -> chosen: the sum, rej
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Any
 
-from replayrl.cli.preference import job_inputs, parse_args, run_job
+from replayrl.cli.common import ModelArguments, ScriptArguments, parse_command, run_job
+from replayrl.cli.preference import DESCRIPTION, describe, job_inputs
 from replayrl.dpo import DPOConfig, DPOTrainer
 from replayrl.tasks import addition
-from replayrl.tasks.preferences import TASK_DESCRIPTION
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "learning_rate": 1e-3,
@@ -37,17 +36,15 @@ DEFAULT_CONFIG: dict[str, Any] = {
 }
 
 
-def build_trainer(script, config: DPOConfig) -> DPOTrainer:
-    train, evaluation, model, tokenizer = job_inputs(script, config, addition.build_default_model)
-    return DPOTrainer(model, args=config, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer)
-
-
 def run(argv: list[str]) -> int:
-    script, config = parse_args("dpo", DPOConfig, DEFAULT_CONFIG, argv)
-    builtin = script.model_name_or_path is None and script.dataset_name is None
-    describe = (
-        f"built-in job: {TASK_DESCRIPTION}" if builtin else f"{script.model_name_or_path} on {script.dataset_name}"
-    )
-    describe += f"; loss_type {','.join(config.loss_type)}, beta {config.beta}"
-    with addition.one_thread() if script.model_name_or_path is None else nullcontext():
-        return run_job("dpo", config, lambda: build_trainer(script, config), describe, "rewards/accuracies")
+    types = (ScriptArguments, ModelArguments, DPOConfig)
+    description = DESCRIPTION.format(name="DPO")
+    script, model_args, config = parse_command("dpo", types, argv, DEFAULT_CONFIG, description=description)
+
+    def build() -> DPOTrainer:
+        train, evaluation, model, tokenizer = job_inputs(script, model_args, config, addition.build_default_model)
+        return DPOTrainer(model, args=config, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer)
+
+    job = f"{describe(script, model_args)}; loss_type {','.join(config.loss_type)}, beta {config.beta}"
+    tiny = model_args.model_name_or_path is None
+    return run_job("dpo", config, build, job, summary=("rewards/accuracies", "loss"), tiny=tiny, saved="final model")

@@ -14,35 +14,31 @@ Bad input (unknown flag or key, bad value, missing file, bad reward spec, invali
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import textwrap
-import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from transformers import HfArgumentParser, TrainingArguments
+from transformers import TrainingArguments
 
 from replayrl.cli.common import (
     COMMON_TRAINING_FLAGS,
     PROG,
     CLIError,
-    HelpFormatter,
-    RaisingParserMixin,
     arrange_help,
-    check_resume,
     check_trackers,
     load_any_dataset,
+    make_parser,
     parse_with_recipe,
     quiet_datasets,
     run_dir,
+    run_job,
 )
+from replayrl.cli.common import ScriptArguments as DataArguments
 from replayrl.cli.common import help_text as _help
 from replayrl.grpo.config_parity import TRLParityArguments
-from replayrl.metrics import METRICS_FILE, read_metrics, summary_lines
+from replayrl.metrics import summary_lines
 from replayrl.models.model_config import ModelConfig, get_peft_config, model_init_kwargs
 from replayrl.replay.config import GRPOWithReplayBufferConfig
 from replayrl.rewards.builtin import RewardFunc, get_reward
@@ -55,23 +51,11 @@ if TYPE_CHECKING:  # the trainer, datasets and plotting are imported where used:
 
 
 @dataclass
-class ScriptArguments:
+class ScriptArguments(DataArguments):
     """What to train on and how to score it (TRL's ScriptArguments names); the model's flags are ModelConfig's."""
 
     _argument_group_name = "data and rewards"
 
-    config: str | None = field(
-        default=None, metadata=_help("Recipe YAML of flag values (keys = flag names); flags given here override it.")
-    )
-    dataset_name: str | None = field(
-        default=None,
-        metadata=_help(
-            "Hub dataset name, a folder written by save_to_disk, a data folder, or a .json/.jsonl/.csv/.parquet "
-            "file (None: the built-in addition task)."
-        ),
-    )
-    dataset_config: str | None = field(default=None, metadata=_help("Dataset configuration name (e.g. 'main')."))
-    dataset_train_split: str = field(default="train", metadata=_help("Split to train on."))
     dataset_test_split: str = field(
         default="test", metadata=_help("Split to evaluate on; loaded only with --eval_strategy steps|epoch.")
     )
@@ -92,29 +76,8 @@ class ScriptArguments:
     )
 
 
-class _GRPOParser(RaisingParserMixin, HfArgumentParser):
-    @staticmethod
-    def _parse_dataclass_field(parser, field):
-        # A field of two dataclasses (`trust_remote_code`: TRL's ModelConfig and GRPOConfig) is one flag, owned by
-        # the first; parse_grpo_args copies its value to the config.
-        if any(action.dest == field.name for action in parser._actions):
-            return
-        HfArgumentParser._parse_dataclass_field(parser, field)
-
-    def parse_known_args(self, args=None, namespace=None):
-        return super().parse_known_args(args, _SharedFlagsNamespace() if namespace is None else namespace)
-
-
-class _SharedFlagsNamespace(argparse.Namespace):
-    """HfArgumentParser deletes each dataclass's keys after reading them; a shared flag is read once."""
-
-    def __delattr__(self, name):
-        if name in self.__dict__:
-            super().__delattr__(name)
-
-
 # ---------------------------------------------------------------------------------------------- arguments
-def build_grpo_parser(all_flags: bool = False) -> _GRPOParser:
+def build_grpo_parser(all_flags: bool = False):
     builtin = ", ".join(f"{k}={v}" for k, v in default_task.DEFAULT_CONFIG.items())
     description = (
         "Train with GRPO and a replay buffer, then write checkpoints, the final model, metrics.jsonl and\n"
@@ -131,14 +94,13 @@ def build_grpo_parser(all_flags: bool = False) -> _GRPOParser:
         "      --reward_funcs boxed my_rewards.format --num_generations 8 --use_peft --lora_r 8\n\n"
         "current TRL's further GRPO options (loss types, entropy, tools, ...: docs/grpo.md) are listed by --help_all."
     )
-    parser = _GRPOParser(
-        (ScriptArguments, ModelConfig, GRPOWithReplayBufferConfig),
-        prog=f"{PROG} grpo",
+    # `trust_remote_code` is a field of GRPOConfig and ModelConfig: one flag, owned by the config (listed first)
+    parser = make_parser(
+        "grpo",
+        (ScriptArguments, GRPOWithReplayBufferConfig, ModelConfig),
         usage=f"{PROG} grpo [-h] [--help_all] [--config RECIPE.yaml] [--<flag> VALUE ...]",
         description=description,
         epilog=epilog,
-        formatter_class=HelpFormatter,
-        allow_abbrev=False,  # with ~200 flags, prefix matching would turn typos into other flags
     )
     own = {f.name for f in fields(GRPOWithReplayBufferConfig)} - {f.name for f in fields(TrainingArguments)}
     # current TRL's further GRPO options (docs/grpo.md) keep the concise help short: listed by --help_all
@@ -198,9 +160,8 @@ def parse_grpo_args(argv: list[str]) -> tuple[ScriptArguments, ModelConfig, GRPO
         parser.print_help()  # the library's defaults, not the built-in job's
         raise SystemExit(0)
     defaults = {"output_dir": run_dir("grpo"), "report_to": "none"}
-    script, model_args, config = parse_with_recipe(parser, argv, "grpo", defaults, default_task.DEFAULT_CONFIG)
+    script, config, model_args = parse_with_recipe(parser, argv, "grpo", defaults, default_task.DEFAULT_CONFIG)
     check_trackers(config.report_to)
-    config.trust_remote_code = model_args.trust_remote_code  # one flag for both (see _GRPOParser)
     return script, model_args, config
 
 
@@ -295,36 +256,12 @@ def _describe(script: ScriptArguments, model_args: ModelConfig, config: GRPOWith
         model = model_args.model_name_or_path or "the built-in tiny model"
         job = f"{model} on {script.dataset_name or 'the built-in addition task'}"
     buffer = f"replay buffer {config.replay_buffer_size} groups" if config.replay_buffer_size else "no replay buffer"
-    return f"{PROG} grpo: {job}; {buffer}; output_dir {config.output_dir}"
+    return f"{job}; {buffer}"
 
 
 def run(argv: list[str]) -> int:
-    start = time.perf_counter()
     script, model_args, config = parse_grpo_args(argv)
-    resume = check_resume(config.resume_from_checkpoint, config.output_dir, config.overwrite_output_dir)
-    # The built-in model is tiny: one torch thread is faster (see default_task.one_thread).
-    with default_task.one_thread() if model_args.model_name_or_path is None else nullcontext():
-        trainer = build_trainer(script, model_args, config)
-        print(_describe(script, model_args, config), flush=True)
-        trainer.train(resume_from_checkpoint=resume)
-        trainer.save_model(config.output_dir)
-    if trainer.is_world_process_zero():
-        from replayrl.metrics.plot import plot_run
-
-        plot = plot_run(config.output_dir)
-        _print_summary(config, trainer.state.global_step, time.perf_counter() - start, plot)
-    return 0
-
-
-def _print_summary(config: GRPOWithReplayBufferConfig, steps: int, seconds: float, plot: Path) -> None:
-    out = Path(config.output_dir)
-    records = read_metrics(out / METRICS_FILE)
-    checkpoints = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
-    print(f"\n{PROG} grpo: done, {steps} optimizer steps in {seconds:.0f} s wall time")
-    for line in summary_lines(records):
-        print(f"  {line}")
-    print(f"  final model + tokenizer: {out}/  (AutoModelForCausalLM / AutoTokenizer .from_pretrained)")
-    print(f"  metrics: {out / METRICS_FILE}")
-    print(f"  plot: {plot}  (re-draw: {PROG} plot {out})")
-    if checkpoints:
-        print(f"  last checkpoint: {checkpoints[-1]}")
+    tiny = model_args.model_name_or_path is None  # the built-in model: one torch thread is faster
+    job = _describe(script, model_args, config)
+    build = lambda: build_trainer(script, model_args, config)  # noqa: E731
+    return run_job("grpo", config, build, job, summary=summary_lines, tiny=tiny)

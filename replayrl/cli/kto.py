@@ -12,13 +12,12 @@ pairs it never trains on. Offline, well under a minute on CPU.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Any
 
-from replayrl.cli.preference import job_inputs, parse_args, run_job
+from replayrl.cli.common import ModelArguments, ScriptArguments, parse_command, run_job
+from replayrl.cli.preference import DESCRIPTION, describe, job_inputs
 from replayrl.kto import KTOConfig
 from replayrl.tasks import addition
-from replayrl.tasks.preferences import TASK_DESCRIPTION
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "learning_rate": 1e-3,
@@ -38,19 +37,17 @@ DEFAULT_CONFIG: dict[str, Any] = {
 }
 
 
-def build_trainer(script, config: KTOConfig):
-    from replayrl.kto import KTOTrainer
-
-    train, evaluation, model, tokenizer = job_inputs(script, config, addition.build_default_model)
-    return KTOTrainer(model, args=config, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer)
-
-
 def run(argv: list[str]) -> int:
-    script, config = parse_args("kto", KTOConfig, DEFAULT_CONFIG, argv)
-    builtin = script.model_name_or_path is None and script.dataset_name is None
-    describe = f"{script.model_name_or_path} on {script.dataset_name}"
-    if builtin:
-        describe = f"built-in job: {TASK_DESCRIPTION}, unpaired"
-    describe += f"; loss_type {config.loss_type}, beta {config.beta}"
-    with addition.one_thread() if script.model_name_or_path is None else nullcontext():
-        return run_job("kto", config, lambda: build_trainer(script, config), describe, "rewards/margins")
+    types = (ScriptArguments, ModelArguments, KTOConfig)
+    description = DESCRIPTION.format(name="KTO")
+    script, model_args, config = parse_command("kto", types, argv, DEFAULT_CONFIG, description=description)
+
+    def build():
+        from replayrl.kto import KTOTrainer
+
+        train, evaluation, model, tokenizer = job_inputs(script, model_args, config, addition.build_default_model)
+        return KTOTrainer(model, args=config, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer)
+
+    job = f"{describe(script, model_args, ', unpaired')}; loss_type {config.loss_type}, beta {config.beta}"
+    tiny = model_args.model_name_or_path is None
+    return run_job("kto", config, build, job, summary=("rewards/margins", "loss"), tiny=tiny, saved="final model")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from replayrl.cli.common import PROG, ArgParser, CLIError
 from replayrl.metrics import METRICS_FILE
-from replayrl.metrics.plot import plot_run
+from replayrl.metrics.plot import PlotUnavailable, plot_run
 
 
 def run(argv: list[str]) -> int:
@@ -18,7 +18,7 @@ def run(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         path = plot_run(args.run_dir, args.output)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, PlotUnavailable) as err:
         raise CLIError(str(err)) from err
     print(f"wrote {path}")
     return 0

@@ -12,14 +12,13 @@ on CPU.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Any
 
-from replayrl.cli.preference import job_inputs, parse_args, run_job
+from replayrl.cli.common import ModelArguments, ScriptArguments, parse_command, run_job
+from replayrl.cli.preference import DESCRIPTION, describe, job_inputs
 from replayrl.models.tiny import build_tiny_sequence_classifier, build_tokenizer
 from replayrl.reward import RewardConfig, RewardTrainer
 from replayrl.tasks import addition
-from replayrl.tasks.preferences import TASK_DESCRIPTION
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "learning_rate": 1e-3,
@@ -44,16 +43,17 @@ def build_default_reward_model(seed: int):
     return model, tokenizer
 
 
-def build_trainer(script, config: RewardConfig) -> RewardTrainer:
-    train, evaluation, model, tokenizer = job_inputs(script, config, build_default_reward_model)
-    return RewardTrainer(model, args=config, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer)
-
-
 def run(argv: list[str]) -> int:
-    script, config = parse_args("reward", RewardConfig, DEFAULT_CONFIG, argv)
-    builtin = script.model_name_or_path is None and script.dataset_name is None
-    describe = (
-        f"built-in job: {TASK_DESCRIPTION}" if builtin else f"{script.model_name_or_path} on {script.dataset_name}"
-    )
-    with addition.one_thread() if script.model_name_or_path is None else nullcontext():
-        return run_job("reward", config, lambda: build_trainer(script, config), describe, "accuracy")
+    types = (ScriptArguments, ModelArguments, RewardConfig)
+    description = DESCRIPTION.format(name="a reward model")
+    script, model_args, config = parse_command("reward", types, argv, DEFAULT_CONFIG, description=description)
+
+    def build() -> RewardTrainer:
+        train, evaluation, model, tokenizer = job_inputs(script, model_args, config, build_default_reward_model)
+        return RewardTrainer(
+            model, args=config, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer
+        )
+
+    tiny = model_args.model_name_or_path is None
+    job = describe(script, model_args)
+    return run_job("reward", config, build, job, summary=("accuracy", "loss"), tiny=tiny, saved="final model")

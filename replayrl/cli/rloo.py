@@ -11,13 +11,12 @@ evaluated on the 20 held-out operand pairs it never trains on. Offline, about a 
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+from replayrl.cli.common import ModelArguments, ScriptArguments, builtin_job, parse_command, run_job, user_datasets
 from replayrl.cli.common import help_text as _help
 from replayrl.cli.grpo import prepare_prompts, resolve_rewards
-from replayrl.cli.preference import ScriptArguments, parse_args, run_job, user_datasets
 from replayrl.rloo import RLOOConfig
 from replayrl.tasks import addition
 
@@ -35,7 +34,7 @@ DEFAULT_CONFIG["num_generations"] = 8
 
 @dataclass
 class RLOOScriptArguments(ScriptArguments):
-    """The preference commands' script arguments, plus what RL needs: the prompt column and the rewards."""
+    """The shared data flags, plus what RL needs: the prompt column and the rewards."""
 
     dataset_name: str | None = field(
         default=None,
@@ -48,7 +47,7 @@ class RLOOScriptArguments(ScriptArguments):
     )
 
 
-def build_trainer(script: RLOOScriptArguments, config: RLOOConfig):
+def build_trainer(script: RLOOScriptArguments, model_args: ModelArguments, config: RLOOConfig):
     from replayrl.rloo import RLOOTrainer
 
     builtin = script.dataset_name is None
@@ -60,20 +59,21 @@ def build_trainer(script: RLOOScriptArguments, config: RLOOConfig):
         train, evaluation = user_datasets(script, config)
         train = prepare_prompts(train, script.prompt_column, None)
         evaluation = None if evaluation is None else prepare_prompts(evaluation, script.prompt_column, None)
-    if script.model_name_or_path is None:
+    if model_args.model_name_or_path is None:
         model, tokenizer = addition.build_default_model(config.seed)
     else:
-        model, tokenizer = script.model_name_or_path, None
+        model, tokenizer = model_args.model_name_or_path, None
     return RLOOTrainer(model, rewards, args=config, train_dataset=train, eval_dataset=evaluation,
                        processing_class=tokenizer)  # fmt: skip
 
 
 def run(argv: list[str]) -> int:
-    script, config = parse_args("rloo", RLOOConfig, DEFAULT_CONFIG, argv, RLOOScriptArguments)
-    builtin = script.model_name_or_path is None and script.dataset_name is None
-    describe = f"{script.model_name_or_path} on {script.dataset_name}"
-    if builtin:
+    types = (RLOOScriptArguments, ModelArguments, RLOOConfig)
+    script, model_args, config = parse_command("rloo", types, argv, DEFAULT_CONFIG, description="Train with RLOO.")
+    describe = f"{model_args.model_name_or_path} on {script.dataset_name}"
+    if builtin_job(script, model_args):
         describe = f"built-in job: {addition.TASK_DESCRIPTION}"
     describe += f"; G={config.num_generations}, beta {config.beta}"
-    with addition.one_thread() if script.model_name_or_path is None else nullcontext():
-        return run_job("rloo", config, lambda: build_trainer(script, config), describe, "reward")
+    tiny = model_args.model_name_or_path is None
+    build = lambda: build_trainer(script, model_args, config)  # noqa: E731
+    return run_job("rloo", config, build, describe, summary=("reward", "loss"), tiny=tiny, saved="final model")

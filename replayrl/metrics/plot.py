@@ -1,7 +1,9 @@
 """`training.png` of a run, drawn from its `metrics.jsonl` alone (`replayrl plot RUN_DIR` re-draws it).
 
 The figure is drawn on a bare `matplotlib.figure.Figure` (Agg canvas), never through pyplot, so importing this
-module neither needs a display nor changes the caller's matplotlib backend.
+module neither needs a display nor changes the caller's matplotlib backend. matplotlib is an optional extra
+(`pip install 'replayrl[plot]'`): without it, drawing raises `PlotUnavailable` (one line naming the extra) and
+runs still write metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -9,6 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from replayrl.metrics import METRICS_FILE, PLOT_FILE, read_metrics, series
+
+PLOT_EXTRA_HINT = "plotting needs matplotlib: pip install 'replayrl[plot]'"
+
+
+class PlotUnavailable(ImportError):
+    """matplotlib is not installed (it is the `plot` extra)."""
+
 
 # (panel title, [(metric key, legend label)], note when none is logged); eval keys carry the Trainer's "eval_" prefix.
 PANELS: list[tuple[str, list[tuple[str, str]], str]] = [
@@ -65,7 +74,10 @@ def panels_for(records: list[dict]) -> list[tuple[str, list[tuple[str, str]], st
 def plot_metrics(records: list[dict], path: str | Path, title: str = "") -> Path:
     """Draw the PANELS against optimizer step into a PNG at `path`. A panel none of whose metrics the run
     logged (`kl` with beta = 0, replay metrics with the buffer off) shows a note instead of a curve."""
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as err:
+        raise PlotUnavailable(PLOT_EXTRA_HINT) from err
 
     fig = Figure(figsize=(15, 8), layout="constrained")
     axes = fig.subplots(2, 3).ravel()

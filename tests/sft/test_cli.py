@@ -24,17 +24,18 @@ def test_default_job_runs_and_writes_metrics_and_plot(tmp_path, capsys):
 
 def test_command_is_registered_and_flags_parse(tmp_path):
     assert "sft" in COMMANDS
-    script, config = parse_sft_args(["--max_seq_length", "32", "--packing", "true", "--output_dir", str(tmp_path)])
-    assert config.max_length == 32 and config.packing and script.model_name_or_path is None
+    argv = ["--max_seq_length", "32", "--packing", "true", "--output_dir", str(tmp_path)]
+    _, model_args, config = parse_sft_args(argv)
+    assert config.max_length == 32 and config.packing and model_args.model_name_or_path is None
     assert config.learning_rate == 3e-3  # the built-in job's default, as no model is given
-    _, config = parse_sft_args(["--model_name_or_path", "m", "--dataset_name", "d", "--output_dir", str(tmp_path)])
+    *_, config = parse_sft_args(["--model_name_or_path", "m", "--dataset_name", "d", "--output_dir", str(tmp_path)])
     assert config.learning_rate == 2e-5 and config.max_length == 1024  # TRL's defaults
 
 
 def test_recipe_and_bad_input(tmp_path, capsys):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("learning_rate: 1e-4\npacking_strategy: wrapped\n")
-    _, config = parse_sft_args(["--config", str(recipe), "--output_dir", str(tmp_path)])
+    *_, config = parse_sft_args(["--config", str(recipe), "--output_dir", str(tmp_path)])
     assert config.learning_rate == 1e-4 and config.packing_strategy == "wrapped"
     with pytest.raises(CLIError, match="unrecognized arguments: --nope"):
         parse_sft_args(["--nope", "1"])
@@ -68,7 +69,7 @@ def test_example_recipe_parses():
     from pathlib import Path
 
     recipe = Path(__file__).parents[2] / "examples" / "sft_qwen2_0.5b_capybara.yaml"
-    script, config = parse_sft_args(["--config", str(recipe), "--use_cpu"])  # bf16 needs --use_cpu on a CPU machine
-    assert (script.model_name_or_path, script.dataset_name) == ("Qwen/Qwen2.5-0.5B", "trl-lib/Capybara")
+    script, model_args, config = parse_sft_args(["--config", str(recipe), "--use_cpu"])  # bf16 needs --use_cpu here
+    assert (model_args.model_name_or_path, script.dataset_name) == ("Qwen/Qwen2.5-0.5B", "trl-lib/Capybara")
     assert config.packing and config.max_length == 2048 and config.bf16 and config.learning_rate == 2e-5
     assert config.model_init_kwargs == {"dtype": "bfloat16"}
