@@ -346,18 +346,24 @@ def check_resume(resume: str | None, output_dir: str, overwrite: bool) -> str | 
 
 
 # ---------------------------------------------------------------------------------------------- resolution
-def parse_with_recipe(parser, argv: list[str], command: str, defaults: dict[str, Any], builtin: dict[str, Any]):
+def parse_with_recipe(
+    parser,
+    argv: list[str],
+    command: str,
+    defaults: dict[str, Any],
+    builtin: dict[str, Any],
+    inputs: Sequence[str] = ("model_name_or_path", "dataset_name"),
+):
     """The dataclasses of an HfArgumentParser `parser`, each value from the highest of: flags, the --config
-    recipe, the built-in job's `builtin` settings (only without a model and a dataset, in flags or recipe), the
-    command's own `defaults`, the dataclass defaults. Any problem is a CLIError."""
+    recipe, the built-in job's `builtin` settings (only when none of the `inputs` flags, a model and a dataset, is
+    given in flags or recipe), the command's own `defaults`, the dataclass defaults. Any problem is a CLIError."""
     pre = ArgParser(add_help=False, allow_abbrev=False)
-    for name in ("config", "model_name_or_path", "dataset_name"):
+    for name in ("config", *inputs):
         pre.add_argument(f"--{name}", f"--{name.replace('_', '-')}", dest=name)
     known = pre.parse_known_args(argv)[0]
     recipe = load_recipe(known.config) if known.config else {}
-    model = known.model_name_or_path or recipe.get("model_name_or_path")
-    dataset = known.dataset_name or recipe.get("dataset_name")
-    set_defaults(parser, {**defaults, **(builtin if model is None and dataset is None else {})}, "built-in defaults")
+    given = any((getattr(known, name) or recipe.get(name)) is not None for name in inputs)
+    set_defaults(parser, {**defaults, **({} if given else builtin)}, "built-in defaults")
     set_defaults(parser, recipe, known.config)
     try:
         *parsed, remaining = parser.parse_args_into_dataclasses(

@@ -9,15 +9,13 @@ PNG grid of each epoch's samples (samples/epoch-N.png), checkpoints and the trai
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import time
-from dataclasses import MISSING, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replayrl.cli.common import PROG, ArgParser, CLIError, HelpFormatter, load_recipe, set_defaults
+from replayrl.cli.common import PROG, CLIError, finish_run, help_text, make_parser, parse_with_recipe, run_dir
 
 BUILTIN_PROMPTS = ["a cat", "a dog", "a red ball", "a blue sky"]
 # The built-in job: about 1-2 min on 2 CPU cores; its reward rises over epochs against a learning-rate-0 control
@@ -43,74 +41,39 @@ DEFAULT_JOB: dict[str, Any] = dict(
     save_freq=10,
     use_lora=False,
 )
-SCRIPT_ARGS = ("config", "pretrained_model", "pretrained_revision", "use_lora", "reward", "prompts")
 
 
-def _bool(text: str) -> bool:
-    if str(text).lower() in ("1", "true", "yes", "y"):
-        return True
-    if str(text).lower() in ("0", "false", "no", "n"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+@dataclass
+class DDPOScriptArguments:
+    """The model, reward and prompts; the training settings are DDPOConfig's flags."""
 
+    _argument_group_name = "script arguments (model, reward, prompts)"
 
-def build_parser() -> ArgParser:
-    from replayrl.ddpo.config import DDPOConfig
-
-    parser = ArgParser(
-        prog=f"{PROG} ddpo",
-        description=__doc__.split("\n\n", 1)[1],
-        formatter_class=HelpFormatter,
-        allow_abbrev=False,
+    config: str | None = field(default=None, metadata=help_text("Recipe YAML of flag values (keys = flag names)."))
+    pretrained_model: str | None = field(
+        default=None, metadata=help_text("Hub name or folder (None: the built-in tiny model).")
     )
-    script = parser.add_argument_group("script arguments (model, reward, prompts)")
-    script.add_argument("--config", default=None, help="recipe YAML of flag values (keys = flag names)")
-    script.add_argument("--pretrained_model", default=None, help="hub name or folder (None: the built-in tiny model)")
-    script.add_argument("--pretrained_revision", default="main", help="model revision")
-    script.add_argument("--use_lora", type=_bool, nargs="?", const=True, default=True, help="train a LoRA adapter")
-    script.add_argument(
-        "--reward",
-        default="redness",
-        help="brightness, centre_brightness, redness or package.module:function",
+    pretrained_revision: str = field(default="main", metadata=help_text("Model revision."))
+    use_lora: bool = field(default=True, metadata=help_text("Train a LoRA adapter."))
+    reward: str = field(
+        default="redness", metadata=help_text("brightness, centre_brightness, redness or package.module:function")
     )
-    script.add_argument(
-        "--prompts", default=",".join(BUILTIN_PROMPTS), help="comma-separated prompts, drawn uniformly at random"
+    prompts: str = field(
+        default=",".join(BUILTIN_PROMPTS), metadata=help_text("Comma-separated prompts, drawn uniformly at random.")
     )
-    training = parser.add_argument_group("training arguments (DDPOConfig)")
-    for f in fields(DDPOConfig):
-        default = f.default_factory() if f.default_factory is not MISSING else f.default
-        kind = {bool: _bool, int: int, float: float}.get(type(default), str)
-        if isinstance(default, dict):
-            kind = json.loads
-        extra = {"nargs": "?", "const": True} if kind is _bool else {}
-        training.add_argument(f"--{f.name}", type=kind, default=default, help=f.metadata.get("help", ""), **extra)
-    return parser
 
 
-def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Any]:
+def parse_args(argv: list[str]) -> tuple[DDPOScriptArguments, Any]:
     """(script arguments, DDPOConfig), resolved as the module docstring says."""
     from replayrl.ddpo.config import DDPOConfig
 
-    parser = build_parser()
-    pre = ArgParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--config")
-    pre.add_argument("--pretrained_model")
-    known = pre.parse_known_args(argv)[0]
-    recipe = load_recipe(known.config) if known.config else {}
-    set_defaults(parser, {"logdir": f"runs/ddpo-{time.strftime('%Y%m%d-%H%M%S')}"}, "CLI defaults")
-    if (known.pretrained_model or recipe.get("pretrained_model")) is None:
-        parser.set_defaults(**DEFAULT_JOB)
-    set_defaults(parser, recipe, known.config)
-    args = parser.parse_args(argv)
-    values = {k: v for k, v in vars(args).items() if k not in SCRIPT_ARGS}
-    try:
-        config = DDPOConfig(**values)
-    except ValueError as err:
-        raise CLIError(str(err)) from err
+    parser = make_parser("ddpo", (DDPOScriptArguments, DDPOConfig), description=__doc__.split("\n\n", 1)[1])
+    defaults = {"logdir": run_dir("ddpo")}
+    args, config = parse_with_recipe(parser, argv, "ddpo", defaults, DEFAULT_JOB, inputs=("pretrained_model",))
     return args, config
 
 
-def _pipeline(args: argparse.Namespace):
+def _pipeline(args: DDPOScriptArguments):
     from replayrl.ddpo.pipeline import DefaultDDPOStableDiffusionPipeline
 
     if args.pretrained_model is None:
@@ -126,7 +89,7 @@ def _pipeline(args: argparse.Namespace):
         raise CLIError(f"cannot load {args.pretrained_model!r}: {err}") from err
 
 
-def build_trainer(args: argparse.Namespace, config):
+def build_trainer(args: DDPOScriptArguments, config):
     from replayrl.ddpo.rewards import get_image_reward, save_image_grid
     from replayrl.ddpo.trainer import DDPOTrainer
 
@@ -165,9 +128,6 @@ def run(argv: list[str]) -> int:
         raise CLIError("replayrl ddpo needs diffusers: pip install replayrl[diffusers]") from err
     import torch
 
-    from replayrl.metrics import METRICS_FILE, read_metrics, series
-    from replayrl.metrics.plot import plot_run
-
     job = "built-in job: tiny pipeline" if args.pretrained_model is None else args.pretrained_model
     print(f"{PROG} ddpo: {job}; reward {args.reward}; logdir {config.logdir}", flush=True)
     threads = torch.get_num_threads()
@@ -179,11 +139,17 @@ def run(argv: list[str]) -> int:
         trainer.save_pretrained(Path(config.logdir) / "final")
     finally:
         torch.set_num_threads(threads)
-    plot = plot_run(config.logdir)
-    _, rewards = series(read_metrics(Path(config.logdir) / METRICS_FILE), "reward_mean")
-    print(f"\n{PROG} ddpo: done, {trainer.global_step} optimizer steps in {time.perf_counter() - start:.0f} s")
-    if rewards:
-        print(f"  reward_mean: {rewards[0]:.4f} (epoch 0) -> {rewards[-1]:.4f} (last epoch), max {max(rewards):.4f}")
-    print(f"  metrics: {Path(config.logdir) / METRICS_FILE}\n  plot: {plot}  (re-draw: {PROG} plot {config.logdir})")
-    print(f"  samples: {Path(config.logdir) / 'samples'}/epoch-N.png\n  weights: {Path(config.logdir) / 'final'}")
+    out = Path(config.logdir)
+    extra = [f"samples: {out / 'samples'}/epoch-N.png", f"weights: {out / 'final'}"]
+    steps = f"{trainer.global_step} optimizer steps"
+    finish_run("ddpo", out, steps, time.perf_counter() - start, _reward_lines, extra, saved=None)
     return 0
+
+
+def _reward_lines(records: list[dict]) -> list[str]:
+    from replayrl.metrics import series
+
+    _, rewards = series(records, "reward_mean")
+    if not rewards:
+        return []
+    return [f"reward_mean: {rewards[0]:.4f} (epoch 0) -> {rewards[-1]:.4f} (last epoch), max {max(rewards):.4f}"]

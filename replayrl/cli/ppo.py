@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from replayrl.cli.common import (
     PROG,
     CLIError,
-    HelpFormatter,
-    RaisingParserMixin,
+    ModelArguments,
+    finish_run,
     load_any_dataset,
-    parse_with_recipe,
-    run_dir,
+    parse_command,
 )
+from replayrl.cli.common import ScriptArguments as DataArguments
 from replayrl.cli.common import help_text as _help
 
 # The built-in job (addition task): chosen by a short sweep of lr / batch / mini-batch (docs/ppo.md).
@@ -41,18 +40,11 @@ EVAL_SAMPLES = 8  # sampled answers per held-out prompt
 
 
 @dataclass
-class ScriptArguments:
-    _argument_group_name = "script arguments (model, data, rewards, generation)"
+class ScriptArguments(DataArguments):
+    """The shared data flags, plus what PPO's loop needs: prompts, rewards, generation length, resuming."""
 
-    config: str | None = field(default=None, metadata=_help("Recipe YAML of flag values; flags override it."))
-    model_name_or_path: str | None = field(
-        default=None, metadata=_help("Policy: a hub name or local folder (None: the built-in tiny adder).")
-    )
-    dataset_name: str | None = field(
-        default=None, metadata=_help("Dataset name, save_to_disk folder or data file (None: built-in addition task).")
-    )
-    dataset_config: str | None = field(default=None, metadata=_help("Dataset configuration name."))
-    dataset_split: str = field(default="train", metadata=_help("Split to train on."))
+    _argument_group_name = "script arguments (data, rewards, generation)"
+
     prompt_column: str = field(default="prompt", metadata=_help("Column holding the prompts."))
     reward_funcs: list[str] | None = field(
         default=None,
@@ -69,36 +61,33 @@ class ScriptArguments:
 
 
 def parse_ppo_args(argv: list[str]):
-    from transformers import HfArgumentParser
-
+    """(ScriptArguments, ModelArguments, PPOConfig), resolved as the module docstring says."""
     from replayrl.ppo.config import PPOConfig
 
-    class Parser(RaisingParserMixin, HfArgumentParser):
-        pass
-
-    parser = Parser(
-        (ScriptArguments, PPOConfig),
-        prog=f"{PROG} ppo",
-        description="Train with PPO and a value head (TRL v0.7.1's PPOTrainer, managed loop).",
-        epilog=f"examples:\n  {PROG} ppo                          # built-in offline job, ~1 min of CPU time\n"
-        f"  {PROG} ppo --model_name_or_path ./m --dataset_name d.jsonl --reward_funcs exact_match",
-        formatter_class=HelpFormatter,
-        allow_abbrev=False,
+    epilog = (
+        f"examples:\n  {PROG} ppo                          # built-in offline job, ~1 min of CPU time\n"
+        f"  {PROG} ppo --model_name_or_path ./m --dataset_name d.jsonl --reward_funcs exact_match"
     )
-    script, config = parse_with_recipe(parser, argv, "ppo", {"output_dir": run_dir("ppo")}, BUILTIN_CONFIG)
+    description = "Train with PPO and a value head (TRL v0.7.1's PPOTrainer API, managed loop)."
+    types = (ScriptArguments, ModelArguments, PPOConfig)
+    script, model_args, config = parse_command(
+        "ppo", types, argv, BUILTIN_CONFIG, description=description, epilog=epilog
+    )
+    if script.dataset_test_split is not None:
+        raise CLIError("replayrl ppo evaluates only the built-in job's held-out prompts: drop --dataset_test_split")
     if isinstance(config.log_with, str) and config.log_with.lower() == "none":
         config.log_with = None
-    return script, config
+    return script, model_args, config
 
 
-def _job(script: ScriptArguments, config):
+def _job(script: ScriptArguments, model_args: ModelArguments, config):
     """(model, tokenizer, train dataset, held-out dataset or None, reward functions, generation kwargs)."""
     from replayrl.models.value_head import AutoModelForCausalLMWithValueHead
     from replayrl.rewards.builtin import get_reward
     from replayrl.tasks import addition
 
     generation = {} if script.max_new_tokens is None else {"max_new_tokens": script.max_new_tokens}
-    if script.model_name_or_path is None and script.dataset_name is None:
+    if model_args.model_name_or_path is None and script.dataset_name is None:
         lm, tokenizer = addition.build_default_model(config.seed)
         train, held_out = addition.task_datasets(config.seed)
         model = AutoModelForCausalLMWithValueHead.from_pretrained(lm)
@@ -114,49 +103,48 @@ def _job(script: ScriptArguments, config):
     if script.dataset_name is None:
         train, _ = addition.task_datasets(config.seed)
     else:
-        train = load_any_dataset(script.dataset_name, script.dataset_config, script.dataset_split)
+        train = load_any_dataset(script.dataset_name, script.dataset_config, script.dataset_train_split)
     if script.prompt_column not in train.column_names:
         raise CLIError(f"dataset has no column {script.prompt_column!r} (columns: {', '.join(train.column_names)})")
-    return _load_model(script), _load_tokenizer(script), train, None, rewards, generation
+    return _load_model(model_args), _load_tokenizer(model_args), train, None, rewards, generation
 
 
-def _load_model(script: ScriptArguments):
+def _load_model(model_args: ModelArguments):
     from replayrl.models.value_head import AutoModelForCausalLMWithValueHead
     from replayrl.tasks import addition
 
-    if script.model_name_or_path is None:
+    if model_args.model_name_or_path is None:
         return AutoModelForCausalLMWithValueHead.from_pretrained(addition.build_default_model(0)[0])
     try:
-        return AutoModelForCausalLMWithValueHead.from_pretrained(script.model_name_or_path)
+        return AutoModelForCausalLMWithValueHead.from_pretrained(model_args.model_name_or_path)
     except (ValueError, OSError) as err:
         raise CLIError(str(err)) from err
 
 
-def _load_tokenizer(script: ScriptArguments):
+def _load_tokenizer(model_args: ModelArguments):
     from transformers import AutoTokenizer
 
     from replayrl.models.tiny import build_tokenizer
 
-    if script.model_name_or_path is None:
+    if model_args.model_name_or_path is None:
         return build_tokenizer()
-    return AutoTokenizer.from_pretrained(script.model_name_or_path, padding_side="left")
+    return AutoTokenizer.from_pretrained(model_args.model_name_or_path, padding_side="left")
 
 
 def run(argv: list[str]) -> int:
-    from replayrl.metrics.plot import plot_run
     from replayrl.ppo.loop import evaluate
     from replayrl.ppo.trainer import PPOTrainer
     from replayrl.tasks.addition import one_thread
 
     start = time.perf_counter()
-    script, config = parse_ppo_args(argv)
+    script, model_args, config = parse_ppo_args(argv)
     with one_thread():  # tiny models: one thread is faster (see replayrl.tasks.addition.one_thread)
-        model, tokenizer, train, held_out, rewards, generation = _job(script, config)
+        model, tokenizer, train, held_out, rewards, generation = _job(script, model_args, config)
         try:
             trainer = PPOTrainer(config, model, None, tokenizer, dataset=train)
         except ValueError as err:
             raise CLIError(str(err)) from err
-        print(f"{PROG} ppo: {_describe(script, config)}; output_dir {config.output_dir}", flush=True)
+        print(f"{PROG} ppo: {_describe(script, model_args)}; output_dir {config.output_dir}", flush=True)
         kwargs = {"generation_kwargs": generation, "max_prompt_length": script.max_prompt_length}
         evals = {}
         if held_out is not None:
@@ -167,28 +155,22 @@ def run(argv: list[str]) -> int:
         if held_out is not None:
             evals["after"] = evaluate(trainer, held_out, rewards, generation, num_samples=EVAL_SAMPLES)
     if trainer.accelerator.is_main_process:
-        plot = plot_run(config.output_dir)
-        _print_summary(config, trainer.current_step, time.perf_counter() - start, plot, evals)
+        extra = []
+        if evals:
+            extra.append(
+                f"held-out reward ({EVAL_SAMPLES} samples per prompt): {evals['before']:.3f} before -> "
+                f"{evals['after']:.3f} after"
+            )
+        from replayrl.metrics import summary_lines
+
+        seconds, saved = time.perf_counter() - start, "final model + value head (AutoModelForCausalLMWithValueHead)"
+        finish_run("ppo", config.output_dir, f"{trainer.current_step} PPO steps", seconds, summary_lines, extra, saved)
     return 0
 
 
-def _describe(script: ScriptArguments, config) -> str:
-    if script.model_name_or_path is None and script.dataset_name is None:
+def _describe(script: ScriptArguments, model_args: ModelArguments) -> str:
+    if model_args.model_name_or_path is None and script.dataset_name is None:
         return "built-in job: single-digit addition, 0/1 exact-match reward, warmed-up tiny Qwen2 + value head"
-    return f"{script.model_name_or_path or 'the built-in tiny model'} on {script.dataset_name or 'the addition task'}"
-
-
-def _print_summary(config, steps: int, seconds: float, plot: Path, evals: dict) -> None:
-    from replayrl.metrics import METRICS_FILE, read_metrics, summary_lines
-
-    out = Path(config.output_dir)
-    print(f"\n{PROG} ppo: done, {steps} PPO steps in {seconds:.0f} s wall time")
-    for line in summary_lines(read_metrics(out / METRICS_FILE)):
-        print(f"  {line}")
-    if evals:
-        print(
-            f"  held-out reward ({EVAL_SAMPLES} samples per prompt): {evals['before']:.3f} before -> "
-            f"{evals['after']:.3f} after"
-        )
-    print(f"  final model + value head: {out}/  (AutoModelForCausalLMWithValueHead.from_pretrained)")
-    print(f"  metrics: {out / METRICS_FILE}\n  plot: {plot}  (re-draw: {PROG} plot {out})")
+    return (
+        f"{model_args.model_name_or_path or 'the built-in tiny model'} on {script.dataset_name or 'the addition task'}"
+    )

@@ -34,9 +34,13 @@ class DDPOConfig:
         default=None,
         metadata=_help("Accelerate tracker: 'wandb', 'tensorboard', 'all', ... (None: metrics file only)."),
     )
-    tracker_kwargs: dict[str, Any] | str = field(default_factory=dict, metadata=_help("Passed to init_trackers."))
-    accelerator_kwargs: dict[str, Any] | str = field(default_factory=dict, metadata=_help("Passed to Accelerator."))
-    project_kwargs: dict[str, Any] | str = field(
+    tracker_kwargs: dict[str, Any] | str | None = field(
+        default_factory=dict, metadata=_help("Passed to init_trackers.")
+    )
+    accelerator_kwargs: dict[str, Any] | str | None = field(
+        default_factory=dict, metadata=_help("Passed to Accelerator.")
+    )
+    project_kwargs: dict[str, Any] | str | None = field(
         default_factory=dict, metadata=_help("Passed to accelerate's ProjectConfiguration (project_dir, logging_dir).")
     )
     tracker_project_name: str = field(default="trl", metadata=_help("Project name for the trackers."))
@@ -94,8 +98,8 @@ class DDPOConfig:
     def __post_init__(self):
         for name in ("tracker_kwargs", "accelerator_kwargs", "project_kwargs"):
             value = getattr(self, name)
-            if isinstance(value, str):  # from the command line or a recipe
-                setattr(self, name, json.loads(value) if value.strip() else {})
+            if isinstance(value, str) or value is None:  # from the command line (JSON) or a recipe
+                setattr(self, name, json.loads(value) if value and value.strip() else {})
         if self.negative_prompts is None:
             self.negative_prompts = ""
         self.check(num_processes=1)

@@ -45,7 +45,7 @@ def test_builtin_job_is_sgd_with_momentum_on_redness():
         (["--sample_batch_size", "3", "--train_batch_size", "2"], "not a multiple of train_batch_size=2"),
         (["--reward", "nope"], "unknown reward 'nope'"),
         (["--no_such_flag", "1"], "unrecognized arguments"),
-        (["--use_lora", "maybe"], "expected true or false"),
+        (["--use_lora", "maybe"], "Truthy value expected"),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(tmp_path, monkeypatch, capsys, argv, message):

@@ -25,12 +25,12 @@ def test_registered_and_help(capsys):
 
 
 def test_builtin_settings_only_without_model_and_dataset(tmp_path):
-    _, config = parse_ppo_args([])
+    *_, config = parse_ppo_args([])
     assert config.batch_size == BUILTIN_CONFIG["batch_size"] and config.output_dir.startswith("runs/ppo-")
-    _, config = parse_ppo_args(["--model_name_or_path", "x", "--batch_size", "8", "--log_with", "none"])
+    *_, config = parse_ppo_args(["--model_name_or_path", "x", "--batch_size", "8", "--log_with", "none"])
     assert config.batch_size == 8 and config.learning_rate == 1e-5 and config.log_with is None
     (tmp_path / "r.yaml").write_text("learning_rate: 1e-4\ncliprange: 0.1\n")
-    _, config = parse_ppo_args(["--config", str(tmp_path / "r.yaml"), "--cliprange", "0.3"])
+    *_, config = parse_ppo_args(["--config", str(tmp_path / "r.yaml"), "--cliprange", "0.3"])
     assert config.learning_rate == 1e-4 and config.cliprange == 0.3
 
 
