@@ -23,10 +23,8 @@ from typing import TYPE_CHECKING
 from transformers import TrainingArguments
 
 from replayrl.cli.common import (
-    COMMON_TRAINING_FLAGS,
     PROG,
     CLIError,
-    arrange_help,
     check_trackers,
     load_any_dataset,
     make_parser,
@@ -37,6 +35,7 @@ from replayrl.cli.common import (
 )
 from replayrl.cli.common import ScriptArguments as DataArguments
 from replayrl.cli.common import help_text as _help
+from replayrl.cli.help import COMMON_TRAINING_FLAGS, arrange_help
 from replayrl.grpo.config_parity import TRLParityArguments
 from replayrl.metrics import summary_lines
 from replayrl.models.model_config import ModelConfig, get_peft_config, model_init_kwargs
