@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Any
 
+from replayrl.models.model_config import ModelArguments
+
 PROG = "replayrl"
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -32,8 +34,8 @@ def help_text(text: str) -> dict:
 @dataclass
 class ScriptArguments:
     """The recipe and data flags of every training command (TRL's `ScriptArguments` names). A command with more
-    (prompt column, rewards, ...) subclasses it; the model's flags are `ModelArguments` or, with loading and LoRA
-    options, `replayrl.models.model_config.ModelConfig`."""
+    (prompt column, rewards, ...) subclasses it; the model's flags are `ModelArguments` or its subclass with
+    TRL's loading and LoRA options, `ModelConfig` (both in `replayrl.models.model_config`)."""
 
     _argument_group_name = "script arguments (recipe, data)"
 
@@ -55,17 +57,6 @@ class ScriptArguments:
     dataset_test_split: str | None = field(
         default=None,
         metadata=help_text("Split to evaluate on, with --eval_strategy steps|epoch (None: no evaluation)."),
-    )
-
-
-@dataclass
-class ModelArguments:
-    """The model flag of commands without loading options (the built-in job's model when None)."""
-
-    _argument_group_name = "model"
-
-    model_name_or_path: str | None = field(
-        default=None, metadata=help_text("Model to train: a hub name or a save_pretrained folder (None: built-in job).")
     )
 
 
@@ -338,7 +329,7 @@ def run_dir(command: str) -> str:
     return f"runs/{command}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def builtin_job(script: ScriptArguments, model_args: Any) -> bool:
+def builtin_job(script: ScriptArguments, model_args: ModelArguments) -> bool:
     """No model and no dataset given: the command runs its built-in offline job."""
     return model_args.model_name_or_path is None and script.dataset_name is None
 

@@ -15,15 +15,24 @@ def _help(text: str) -> dict:
 
 
 @dataclass
-class ModelConfig:
-    """Model loading and PEFT settings, as TRL's `ModelConfig`."""
+class ModelArguments:
+    """The model flag every `replayrl <trainer>` command has: what to train (None: the built-in job's tiny model).
+    `ModelConfig` adds TRL's loading and LoRA flags for the commands whose trainer takes them."""
 
-    _argument_group_name = "model (ModelConfig)"
+    _argument_group_name = "model"
 
     model_name_or_path: str | None = field(
         default=None,
         metadata=_help("Model to train: a hub name or a local save_pretrained folder (None: the built-in tiny model)."),
     )
+
+
+@dataclass
+class ModelConfig(ModelArguments):
+    """Model loading and PEFT settings, as TRL's `ModelConfig`."""
+
+    _argument_group_name = "model (ModelConfig)"
+
     model_revision: str = field(default="main", metadata=_help("Hub revision (branch, tag or commit) of the model."))
     dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = field(
         default=None, metadata=_help("Weights dtype when loading ('auto': as saved; None: float32).")
