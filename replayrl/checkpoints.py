@@ -312,20 +312,70 @@ class SafeCheckpointsMixin:
         self.accelerator.wait_for_everyone()
 
 
-def refuse_stale_checkpoints(output_dir: str, overwrite: bool, delete: bool) -> None:
-    """A fresh run must not mix with an earlier run's checkpoints (resume would later pick theirs): refuse,
-    or with `overwrite`, delete them (when `delete`)."""
+def refuse_stale_checkpoints(
+    output_dir: str | os.PathLike,
+    overwrite: bool = False,
+    delete: bool = False,
+    *,
+    resume_hint: str = "resume_from_checkpoint=True",
+    overwrite_hint: str | None = "overwrite_output_dir=True",
+    elsewhere: str = "another output_dir",
+) -> None:
+    """A fresh run must not mix with an earlier run's checkpoints (resume would later pick theirs): refuse, or
+    with `overwrite`, delete them (when `delete`). The hints name the caller's own options in the error: how to
+    resume, how to overwrite (None: the trainer cannot), where else to write."""
     import shutil
 
     old = checkpoints_in(output_dir)
     if not old:
         return
     if not overwrite:
+        replace = f"pass {overwrite_hint} to replace them, " if overwrite_hint else ""
         raise ValueError(
-            f"output_dir {output_dir!r} already holds checkpoints ({old[-1].name}, ...) from an earlier run. "
-            "Resume it with resume_from_checkpoint=True, pass overwrite_output_dir=True to replace them, or "
-            "choose another output_dir."
+            f"{str(output_dir)!r} already holds checkpoints ({old[-1].name}, ...) from an earlier run. "
+            f"Resume it with {resume_hint}, {replace}or choose {elsewhere}."
         )
     if delete:
         for path in old:
             shutil.rmtree(path)
+
+
+# --------------------------------------------------------------------------------------------- RNG streams
+def rng_state(generator: Any = None) -> dict[str, Any]:
+    """Every global random stream a run draws from (python's, numpy's, torch's CPU and CUDA ones), plus a
+    trainer's own `torch.Generator` under "generator" when given; tensors and JSON only (see `flatten_state`)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    name, keys, *rest = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), *rest],
+        "torch": torch.get_rng_state(),
+    }
+    if generator is not None:
+        state["generator"] = generator.get_state()
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any], generator: Any = None) -> None:
+    """Restore what `rng_state` captured (after a round trip through a checkpoint: tuples may come back as
+    lists). The CUDA streams are restored only where CUDA is available."""
+    import random
+
+    import numpy as np
+    import torch
+
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if generator is not None:
+        generator.set_state(state["generator"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

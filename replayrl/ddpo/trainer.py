@@ -29,17 +29,11 @@ import torch
 from torch import Tensor
 
 from replayrl.algos.diffusion import PerPromptStatTracker, batch_advantages, ddpo_clipped_loss
-from replayrl.checkpoints import checkpoints_in, save_extra_state
+from replayrl.checkpoints import checkpoints_in, refuse_stale_checkpoints, rng_state, save_extra_state
 from replayrl.ddpo.config import DDPOConfig
 from replayrl.ddpo.pipeline import DDPOStableDiffusionPipeline, encode_prompts, guided_noise_pred
-from replayrl.ddpo.state import (
-    MetricsWriter,
-    latest_checkpoint,
-    load_checkpoint_state,
-    mark_checkpoint,
-    refuse_stale_checkpoints,
-    rng_state,
-)
+from replayrl.ddpo.state import latest_checkpoint, load_checkpoint_state, mark_checkpoint
+from replayrl.metrics import METRICS_FILE, MetricsFile
 
 logger = logging.getLogger(__name__)
 STATE_NAME = "ddpo_state"
@@ -88,12 +82,17 @@ class DDPOTrainer:
             else None
         )
         self.executor = futures.ThreadPoolExecutor(config.max_workers) if config.async_reward_computation else None
-        self.metrics = MetricsWriter(self.run_dir, enabled=self.accelerator.is_main_process)
+        self.metrics = MetricsFile(self.run_dir / METRICS_FILE, enabled=self.accelerator.is_main_process)
         self.first_epoch, self.global_step = 0, 0
         if config.resume_from:
             self._resume(config.resume_from)
         else:
-            refuse_stale_checkpoints(self.run_dir)
+            refuse_stale_checkpoints(
+                self.run_dir,
+                resume_hint=f"resume_from={str(self.run_dir)!r}",
+                overwrite_hint=None,
+                elsewhere="another logdir (or project_kwargs['project_dir'])",
+            )
 
     # ------------------------------------------------------------------------------------------------ setup
     def _build_accelerator(self):

@@ -1,6 +1,7 @@
 """The record of every run, whatever the trainer: `metrics.jsonl` in `output_dir` (one JSON object per log, with
-its `step`), written by `MetricsFileCallback` (every replayrl trainer attaches it), read back here; the figure
-is drawn by `replayrl.metrics.plot` (`replayrl plot RUN_DIR`).
+its `step`), written by `MetricsFile` (through `MetricsFileCallback`, which every `Trainer`-based replayrl trainer
+attaches; PPO and DDPO call it from their own loops), read back here; the figure is drawn by
+`replayrl.metrics.plot` (`replayrl plot RUN_DIR`).
 
 This module imports nothing heavy: reading a run needs neither torch nor transformers.
 """
@@ -23,6 +24,32 @@ def json_value(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+class MetricsFile:
+    """The one writer of `metrics.jsonl`: appends ``{"step": step, **metrics}`` lines (strict JSON, see
+    `json_value`); does nothing when not `enabled` (every process but the main one). `start(global_step)` begins a
+    run: it keeps the lines up to a resumed run's step (all of them dropped on a fresh start), so the file reads
+    as one run."""
+
+    def __init__(self, path: str | Path, enabled: bool = True):
+        self.path = Path(path)
+        self.enabled = enabled
+
+    def start(self, global_step: int) -> None:
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= global_step] if global_step else []
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"step": step, **{k: json_value(v) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from transformers import TrainerCallback
 
-from replayrl.metrics import METRICS_FILE, json_value, read_metrics
+from replayrl.metrics import METRICS_FILE, MetricsFile
 
 
 class MetricsFileCallback(TrainerCallback):
@@ -18,20 +17,11 @@ class MetricsFileCallback(TrainerCallback):
         self.path = Path(path)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if not state.is_world_process_zero:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        kept = (
-            [r for r in read_metrics(self.path) if r.get("step", 0) <= state.global_step] if state.global_step else []
-        )
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        MetricsFile(self.path, state.is_world_process_zero).start(state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs:
-            return
-        record = {"step": state.global_step, **{k: json_value(v) for k, v in logs.items()}}
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        if logs:
+            MetricsFile(self.path, state.is_world_process_zero).write(state.global_step, logs)
 
 
 def attach_metrics_file(trainer) -> None:

@@ -6,13 +6,18 @@ atomic files, a completeness marker written last. Resuming from one continues ex
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from replayrl.checkpoints import check_settings, load_extra_state, mark_complete, save_extra_state
+from replayrl.checkpoints import (
+    check_settings,
+    load_extra_state,
+    mark_complete,
+    rng_state,
+    save_extra_state,
+    set_rng_state,
+)
 
 STATE_NAME = "ppo_state_rank{rank}"
 
@@ -27,28 +32,6 @@ def settings(trainer) -> dict:
         "world_size": trainer.accelerator.num_processes,
         "seed": config.seed,
     }
-
-
-def rng_state() -> dict:
-    numpy_state = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1].astype(np.int64)), *numpy_state[2:]],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def save_checkpoint(trainer, output_dir: str | Path, step: int) -> Path:

@@ -10,8 +10,6 @@ scored gets 0), then `PPOTrainer.step` and `log_stats`.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -39,7 +37,7 @@ def train(
     ``top_p=1.0``, ``temperature=config.temperature``). Checkpoints every ``config.save_steps`` steps into
     ``config.output_dir``; ``resume_from_checkpoint`` is a checkpoint path or True (the last complete one).
     """
-    from replayrl.checkpoints import checkpoints_in, resolve_resume
+    from replayrl.checkpoints import refuse_stale_checkpoints, resolve_resume
 
     config, dataset = trainer.config, trainer.dataset
     _check_dataset(trainer, dataset, prompt_column)
@@ -51,12 +49,9 @@ def train(
     checkpoint = resolve_resume(resume_from_checkpoint, config.output_dir) if config.output_dir else None
     if checkpoint is not None:
         start = load_checkpoint(trainer, checkpoint)
-        _truncate_metrics(trainer, start)
-    elif config.output_dir and checkpoints_in(config.output_dir):
-        raise ValueError(
-            f"output_dir {config.output_dir!r} already holds checkpoints of an earlier run; resume it with "
-            "resume_from_checkpoint=True, or choose another output_dir."
-        )
+        trainer.metrics_file.start(start)  # drop lines logged after the checkpoint: they are logged again
+    elif config.output_dir:
+        refuse_stale_checkpoints(config.output_dir, overwrite_hint=None)
     stats: dict = {}
     total = config.total_ppo_epochs
     for step in range(start, total):
@@ -72,17 +67,6 @@ def train(
         trainer.accelerator.unwrap_model(trainer.model).save_pretrained(config.output_dir)
         trainer.tokenizer.save_pretrained(config.output_dir)
     return stats
-
-
-def _truncate_metrics(trainer, step: int) -> None:
-    """Drop metrics.jsonl lines logged after the checkpoint's step: the resumed run logs those steps again."""
-    from replayrl.metrics import METRICS_FILE, read_metrics
-
-    path = Path(trainer.config.output_dir) / METRICS_FILE
-    if not trainer.accelerator.is_main_process or not path.exists():
-        return
-    kept = [r for r in read_metrics(path) if r.get("step", 0) <= step]
-    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
 
 def _check_dataset(trainer, dataset, prompt_column: str) -> None:

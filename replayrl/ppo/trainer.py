@@ -16,7 +16,6 @@ step per ``gradient_accumulation_steps`` mini-batches; early stop on ``target_kl
 
 from __future__ import annotations
 
-import json
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
@@ -29,7 +28,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from replayrl.algos import ppo as F
-from replayrl.metrics import METRICS_FILE, json_value
+from replayrl.metrics import METRICS_FILE, MetricsFile
 from replayrl.ppo.batch import PPOBatch, batch_to, batched_forward, build_batch, forward
 from replayrl.ppo.config import PPOConfig
 from replayrl.ppo.seed_methods import PPOSeedMethodsMixin
@@ -368,14 +367,15 @@ class PPOTrainer(PPOSeedMethodsMixin):
         record = log_stats_record(stats, rewards)
         if self.config.log_with is not None:
             self.accelerator.log(record, step=self.current_step)
-        directory = self.config.output_dir or self.config.project_kwargs.get("project_dir")
-        if directory and self.accelerator.is_main_process:
-            out = Path(directory)
-            out.mkdir(parents=True, exist_ok=True)
-            line = {"step": self.current_step, **{k: json_value(v) for k, v in record.items()}}
-            with (out / METRICS_FILE).open("a") as f:
-                f.write(json.dumps(line) + "\n")
+        if self.metrics_file is not None:
+            self.metrics_file.write(self.current_step, record)
         return record
+
+    @property
+    def metrics_file(self) -> MetricsFile | None:
+        """``metrics.jsonl`` in ``output_dir`` (else ``project_kwargs["project_dir"]``); None when neither is set."""
+        directory = self.config.output_dir or self.config.project_kwargs.get("project_dir")
+        return MetricsFile(Path(directory) / METRICS_FILE, self.accelerator.is_main_process) if directory else None
 
     # ------------------------------------------------------------------------------------------ managed loop
     def train(self, reward_funcs, **kwargs) -> dict:
