@@ -23,7 +23,7 @@ import torch
 from accelerate import PartialState
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
-from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
+from transformers import PreTrainedModel, Trainer, TrainerCallback
 
 from replayrl.accumulation import OwnLossScalingMixin, micro_batch_share
 from replayrl.algos.preference import PairLogps, dpo_losses, implicit_rewards, wpo_weights
@@ -35,7 +35,7 @@ from replayrl.dpo.config import DPOConfig
 from replayrl.dpo.sequence_logps import packed_sums, padded_sums, shared_sums
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.attention import is_peft_model
-from replayrl.models.loading import load_causal_lm
+from replayrl.models.loading import disable_dropout, load_model, load_tokenizer, model_id
 from replayrl.models.moe import RouterAuxLossMixin
 from replayrl.models.reference import SyncRefModelCallback
 
@@ -49,12 +49,6 @@ SEED_ARGS = (
     "disable_dropout",
     "reference_free",
 )
-
-
-def _disable_dropout(model: nn.Module) -> None:
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
 
 
 class DPOTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
@@ -84,12 +78,9 @@ class DPOTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
                 "ref_model is the same object as model: the reference must stay frozen while the policy trains. "
                 "Pass ref_model=None (a frozen copy is made) or a separate model."
             )
-        model_id = model if isinstance(model, str) else model.config._name_or_path
-        args = args if args is not None else DPOConfig(output_dir=f"{model_id.split('/')[-1]}-DPO")
+        args = args if args is not None else DPOConfig(output_dir=f"{model_id(model).split('/')[-1]}-DPO")
         args = self._apply_seed_kwargs(args, seed_kwargs)
-        processing_class = processing_class or tokenizer or AutoTokenizer.from_pretrained(model_id)
-        if processing_class.pad_token is None:
-            processing_class.pad_token = processing_class.eos_token
+        processing_class = load_tokenizer(processing_class or tokenizer, model)
         prepare_streaming_training(args, train_dataset, "DPOTrainer")
         if args.precompute_ref_log_probs and is_streaming(train_dataset):
             raise ValueError(
@@ -145,7 +136,7 @@ class DPOTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
     @staticmethod
     def _load_models(model, ref_model, args: DPOConfig, peft_config) -> tuple:
         """(policy, reference or None): loaded, PEFT-wrapped, dropout off."""
-        model = load_causal_lm(model, args.model_init_kwargs)
+        model = load_model(model, args.model_init_kwargs)
         if peft_config is not None:
             from peft import get_peft_model
 
@@ -156,7 +147,7 @@ class DPOTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         if args.disable_dropout:
             for m in (model, ref_model):
                 if m is not None:
-                    _disable_dropout(m)
+                    disable_dropout(m)
         return model, ref_model
 
     @staticmethod
@@ -166,7 +157,10 @@ class DPOTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         if args.reference_free:
             return None
         if ref_model is not None:
-            ref_model = load_causal_lm(ref_model, args.ref_model_init_kwargs)
+            ref_kwargs = args.ref_model_init_kwargs
+            if isinstance(ref_model, str) and not {"dtype", "torch_dtype"} & set(ref_kwargs or {}):
+                ref_kwargs = {**(ref_kwargs or {}), "dtype": model.dtype}  # like the policy, as TRL builds it
+            ref_model = load_model(ref_model, ref_kwargs, role="ref_model", kwargs_name="ref_model_init_kwargs")
         elif is_peft_model(model) or args.precompute_ref_log_probs:
             return None
         else:

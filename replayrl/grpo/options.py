@@ -1,20 +1,10 @@
-"""Model options of `GRPOTrainer` that current TRL offers (fp32 LM head, dropout off, MoE router loss detection)
-and fixed-multiple padding. Plain functions, called from the trainer."""
+"""Model options of `GRPOTrainer` that current TRL offers (fp32 LM head, MoE router loss detection) and
+fixed-multiple padding. Plain functions, called from the trainer."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-
-
-def disable_dropout(model: nn.Module) -> None:
-    """Every `nn.Dropout` to p=0, and the config's attention dropout to 0 (used functionally by attention)."""
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
-    config = getattr(model, "config", None)
-    if config is not None and getattr(config, "attention_dropout", None):
-        config.attention_dropout = 0.0
 
 
 def cast_lm_head_to_fp32(model: nn.Module) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
+from transformers import PreTrainedModel, Trainer, TrainerCallback
 
 from replayrl import algos
 from replayrl.accumulation import OwnLossScalingMixin
@@ -44,7 +44,7 @@ from replayrl.grpo.streaming import StreamingDataMixin
 from replayrl.grpo.tools import ToolCallingMixin, tools_by_name
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.lm_head import forward_to_head
-from replayrl.models.loading import load_causal_lm
+from replayrl.models.loading import disable_dropout, load_model, load_tokenizer, model_id
 from replayrl.models.reference import SyncRefModelCallback
 from replayrl.rewards.functions import RewardFunctions
 
@@ -77,17 +77,12 @@ class GRPOTrainer(
         tools: list | None = None,
     ):
         if args is None:
-            name = model if isinstance(model, str) else model.config._name_or_path
-            args = self._default_config(f"{name.split('/')[-1]}-GRPO")
-        model_id = model if isinstance(model, str) else model.config._name_or_path
+            args = self._default_config(f"{model_id(model).split('/')[-1]}-GRPO")
         remote = {"trust_remote_code": True} if args.trust_remote_code else {}
+        processing_class = load_tokenizer(processing_class, model, padding_side="left", **remote)
         init_kwargs = {**(args.model_init_kwargs or {}), **remote} if isinstance(model, str) else args.model_init_kwargs
-        model = load_causal_lm(model, init_kwargs)
+        model = load_model(model, init_kwargs)
         self._apply_model_options(model, args)
-        if processing_class is None:
-            processing_class = AutoTokenizer.from_pretrained(model_id, padding_side="left", **remote)
-        if processing_class.pad_token is None:
-            processing_class.pad_token = processing_class.eos_token
         if peft_config is not None:
             from peft import get_peft_model
 
@@ -158,7 +153,7 @@ class GRPOTrainer(
     @staticmethod
     def _apply_model_options(model, args: GRPOConfig) -> None:
         if args.disable_dropout:
-            options.disable_dropout(model)
+            disable_dropout(model)
         if args.cast_lm_head_to_fp32:
             options.cast_lm_head_to_fp32(model)
 

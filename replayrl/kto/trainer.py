@@ -18,8 +18,8 @@ from contextlib import contextmanager
 
 import torch
 from accelerate import PartialState
-from torch import Tensor, nn
-from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
+from torch import Tensor
+from transformers import PreTrainedModel, Trainer, TrainerCallback
 
 from replayrl.accumulation import OwnLossScalingMixin
 from replayrl.algos.kto import kto_losses, kto_reference_point, mismatched_partners
@@ -38,7 +38,7 @@ from replayrl.metrics.callback import attach_metrics_file
 from replayrl.metrics.means import MeanMetricsMixin
 from replayrl.models.attention import is_peft_model
 from replayrl.models.lm_head import forward_to_head
-from replayrl.models.loading import load_causal_lm
+from replayrl.models.loading import disable_dropout, load_model, load_tokenizer, model_id
 from replayrl.models.reference import SyncRefModelCallback
 
 
@@ -62,19 +62,16 @@ class KTOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetricsMixin, Tr
         quantization_config=None,
         peft_config=None,
     ):
-        model_id = model if isinstance(model, str) else model.config._name_or_path
-        args = args if args is not None else KTOConfig(output_dir=f"{model_id.split('/')[-1]}-KTO")
+        args = args if args is not None else KTOConfig(output_dir=f"{model_id(model).split('/')[-1]}-KTO")
         if quantization_config is not None:
             raise ValueError("quantization_config is not supported by replayrl's KTO; pass None (load in full).")
-        if ref_model is not None and ref_model is model:
+        if ref_model is not None and ref_model is model and not isinstance(model, str):
             raise ValueError("ref_model is the same object as model; pass ref_model=None (a frozen copy is made).")
         self._check_batch(args)
         remote = {"trust_remote_code": True} if args.trust_remote_code else {}
-        processing_class = processing_class or AutoTokenizer.from_pretrained(model_id, **remote)
-        if processing_class.pad_token is None:
-            processing_class.pad_token = processing_class.eos_token
         init = {**(args.model_init_kwargs or {}), **remote} if isinstance(model, str) else args.model_init_kwargs
-        model = load_causal_lm(model, init)
+        model = load_model(model, init)
+        processing_class = load_tokenizer(processing_class, model, **remote)
         if peft_config is not None:
             from peft import get_peft_model
 
@@ -122,14 +119,12 @@ class KTOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetricsMixin, Tr
     def _build_ref_model(model, ref_model, args: KTOConfig):
         """The given reference, a frozen copy of the policy, or None under PEFT (adapter disabled); dropout off."""
         if ref_model is not None:
-            ref_model = load_causal_lm(ref_model, args.model_init_kwargs if isinstance(ref_model, str) else None)
+            ref_model = load_model(ref_model, args.model_init_kwargs if isinstance(ref_model, str) else None)
         elif not is_peft_model(model):
             ref_model = copy.deepcopy(model)
         for m in (model, ref_model):
             if m is not None and args.disable_dropout:
-                for module in m.modules():
-                    if isinstance(module, nn.Dropout):
-                        module.p = 0.0
+                disable_dropout(m)
         if ref_model is not None:
             ref_model.eval()
             ref_model.requires_grad_(False)

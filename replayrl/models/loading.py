@@ -1,25 +1,129 @@
-"""Loading models by name, local path or object."""
+"""The one loading path of every trainer: models and tokenizers by name, local path or object, and dropout off.
+
+Every role goes through `load_model`: the policy (SFT, DPO, reward, GRPO, PPO), a reference given by name (DPO),
+a reward model given by name (GRPO/PPO reward functions), the value model (PPO's value head wraps a policy
+loaded here), and later a teacher. The rule, as TRL 1.16's `create_model_from_path`:
+
+- a name or path loads in **float32** unless the init kwargs name a `dtype` (`"bfloat16"`, `"float16"`,
+  `"float32"`, a `torch.dtype`, or `"auto"` for the checkpoint's own dtype). transformers 5's `from_pretrained`
+  alone would load the checkpoint's dtype (bf16 for most published models) and the optimizer would then update
+  bf16 weights directly, rounding small updates away; mixed precision comes from `bf16=True` / `fp16=True`
+  (autocast over the float32 weights), as in TRL;
+- a model object passes through untouched: it keeps the dtype it has.
+"""
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from torch import nn
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+)
+
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+ARCHITECTURES = {
+    "causal_lm": AutoModelForCausalLM,
+    "seq2seq_lm": AutoModelForSeq2SeqLM,
+    "reward": AutoModelForSequenceClassification,
+}
 
 
-def load_causal_lm(model: str | PreTrainedModel, init_kwargs: dict | None) -> PreTrainedModel:
-    """A model object passes through; a name or local path is loaded with `from_pretrained`."""
+def model_id(model: str | PreTrainedModel) -> str:
+    """The name or path a model was given by (a model object: the one it was loaded from, "" if none)."""
+    if isinstance(model, str):
+        return model
+    config = getattr(model, "config", None)
+    return str(getattr(config, "_name_or_path", "") or "")
+
+
+def resolve_init_kwargs(init_kwargs: dict[str, Any] | None, name: str = "model_init_kwargs") -> dict[str, Any]:
+    """A copy of `init_kwargs` with its dtype settled: float32 when unset, a dtype name turned into the
+    `torch.dtype`, "auto" (the checkpoint's dtype) and a `torch.dtype` as given. The older key `torch_dtype` is
+    read as `dtype`. Anything else is a ValueError naming the value."""
+    kwargs = dict(init_kwargs or {})
+    if "torch_dtype" in kwargs:
+        if "dtype" in kwargs:
+            raise ValueError(f"{name} sets both dtype and torch_dtype; keep only dtype.")
+        kwargs["dtype"] = kwargs.pop("torch_dtype")
+    dtype = kwargs.get("dtype", "float32")
+    if isinstance(dtype, str) and dtype in DTYPE_NAMES:
+        dtype = getattr(torch, dtype)
+    elif not (isinstance(dtype, torch.dtype) or dtype == "auto"):
+        raise ValueError(
+            f"{name}['dtype'] = {dtype!r} is not a dtype: use one of {list(DTYPE_NAMES)}, 'auto' (the checkpoint's "
+            "own dtype) or a torch.dtype; leave it out for float32."
+        )
+    kwargs["dtype"] = dtype
+    return kwargs
+
+
+def load_model(
+    model: str | PreTrainedModel,
+    init_kwargs: dict[str, Any] | None = None,
+    *,
+    architecture: Literal["causal_lm", "seq2seq_lm", "reward"] = "causal_lm",
+    role: str = "model",
+    kwargs_name: str = "model_init_kwargs",
+) -> PreTrainedModel:
+    """A model object passes through (with init kwargs: a ValueError, they could not apply); a name or local path
+    is loaded with `from_pretrained` of the `architecture` ("reward": a sequence classifier with one label;
+    "seq2seq_lm": an encoder-decoder LM), in
+    float32 unless `init_kwargs` name a dtype (`resolve_init_kwargs`). `role` and `kwargs_name` only word the
+    errors ("reward model", "ref_model_init_kwargs")."""
     if not isinstance(model, str):
         if init_kwargs:
-            raise ValueError("model_init_kwargs only apply when `model` is a name or path, not a model object.")
+            raise ValueError(
+                f"{kwargs_name} only apply when `{role}` is a name or path, not a model object: drop them, or pass "
+                "the name or path."
+            )
         return model
-    kwargs = dict(init_kwargs or {})
-    dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
-    if isinstance(dtype, str) and dtype != "auto":
-        kwargs["dtype" if "dtype" in kwargs else "torch_dtype"] = getattr(torch, dtype)
+    kwargs = resolve_init_kwargs(init_kwargs, kwargs_name)
+    if architecture == "reward":
+        kwargs["num_labels"] = 1
     try:
-        return AutoModelForCausalLM.from_pretrained(model, **kwargs)
-    except OSError as err:
+        return ARCHITECTURES[architecture].from_pretrained(model, **kwargs)
+    except (OSError, ValueError) as err:
         raise ValueError(
-            f"Could not load model {model!r}: it is not a local directory with a saved model and could not be "
-            f"fetched from the Hub ({err}). Pass a path written by `save_pretrained` or a model object."
+            f"Could not load {role} {model!r} ({err}). Pass a local directory written by `save_pretrained` (or a "
+            "Hub name) or a model object."
         ) from err
+
+
+def load_tokenizer(
+    processing_class,
+    model: str | PreTrainedModel,
+    *,
+    pad_with_eos: bool = True,
+    **tokenizer_kwargs: Any,
+):
+    """`processing_class` if given, else the tokenizer saved with the model (`AutoTokenizer`, with
+    `tokenizer_kwargs` such as `padding_side` or `trust_remote_code`); with `pad_with_eos`, a tokenizer without a
+    pad token pads with its EOS token."""
+    if processing_class is None:
+        name = model_id(model)
+        if not name:
+            raise ValueError(
+                "the model object does not say where it was loaded from, so its tokenizer cannot be found: pass "
+                "processing_class=<its tokenizer>."
+            )
+        processing_class = AutoTokenizer.from_pretrained(name, **tokenizer_kwargs)
+    if pad_with_eos and getattr(processing_class, "pad_token", "") is None:
+        processing_class.pad_token = processing_class.eos_token
+    return processing_class
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Dropout off for good, whatever train()/eval() later says: every `nn.Dropout` to p=0, and the config's
+    `attention_dropout` (applied functionally inside attention, not by a module) to 0."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "attention_dropout", None):
+        config.attention_dropout = 0.0

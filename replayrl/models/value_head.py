@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from replayrl.models.loading import load_causal_lm
+from replayrl.models.loading import load_model
 
 HEAD_PREFIX = "v_head."
 PEFT_HEAD_FILE = "value_head.safetensors"
@@ -56,7 +56,7 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
 
     @staticmethod
     def _load_base(name_or_path: str, kwargs: dict | None) -> PreTrainedModel:
-        return load_causal_lm(name_or_path, kwargs)
+        return load_model(name_or_path, kwargs)
 
     def __init__(
         self,
@@ -171,12 +171,10 @@ class AutoModelForSeq2SeqLMWithValueHead(AutoModelForCausalLMWithValueHead):
 
     @staticmethod
     def _load_base(name_or_path: str, kwargs: dict | None) -> PreTrainedModel:
-        from transformers import AutoModelForSeq2SeqLM
-
-        return AutoModelForSeq2SeqLM.from_pretrained(name_or_path, **(kwargs or {}))
+        return load_model(name_or_path, kwargs, architecture="seq2seq_lm")
 
 
-def _load_peft(folder: Path, kwargs: dict, load_base=load_causal_lm):
+def _load_peft(folder: Path, kwargs: dict, load_base=load_model):
     """A PEFT adapter folder (written by `save_pretrained` of a PEFT value-head model): base model + adapter,
     trainable."""
     try:

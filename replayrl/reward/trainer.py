@@ -17,14 +17,7 @@ import numpy as np
 import torch
 from accelerate import PartialState
 from torch import Tensor, nn
-from transformers import (
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    EvalPrediction,
-    PreTrainedModel,
-    Trainer,
-    TrainerCallback,
-)
+from transformers import EvalPrediction, PreTrainedModel, Trainer, TrainerCallback
 
 from replayrl.accumulation import OwnLossScalingMixin, micro_batch_share
 from replayrl.algos.preference import bradley_terry_loss, pairwise_accuracy
@@ -34,6 +27,7 @@ from replayrl.data.prefix_sharing import SIDES, SharedPrefixRows, share_prefixes
 from replayrl.data.streaming import column_names, is_streaming, map_options, prepare_streaming_training
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.attention import attention_mask_for, base_model
+from replayrl.models.loading import disable_dropout, load_model, load_tokenizer, model_id
 from replayrl.reward.config import RewardConfig
 
 logger = logging.getLogger(__name__)
@@ -52,21 +46,6 @@ def _score_head(model) -> nn.Module | None:
     base = base_model(model)
     head = getattr(base, "score", None)
     return head if isinstance(head, nn.Module) and not base.config.is_encoder_decoder else None
-
-
-def _disable_dropout(model: nn.Module) -> None:
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
-
-
-def _load_reward_model(model, init_kwargs: dict | None) -> PreTrainedModel:
-    if not isinstance(model, str):
-        return model
-    try:
-        return AutoModelForSequenceClassification.from_pretrained(model, num_labels=1, **(init_kwargs or {}))
-    except OSError as err:
-        raise ValueError(f"Could not load reward model {model!r}: {err}. Pass a local save_pretrained path.") from err
 
 
 def check_pad_token(model: PreTrainedModel, tokenizer) -> int:
@@ -106,24 +85,24 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         tokenizer=None,
         max_length: int | None = None,
     ):
-        model_id = model if isinstance(model, str) else model.config._name_or_path
-        args = args if args is not None else RewardConfig(output_dir=f"{model_id.split('/')[-1]}-Reward")
+        name = model_id(model)
+        args = args if args is not None else RewardConfig(output_dir=f"{name.split('/')[-1]}-Reward")
         if max_length is not None:
             args.max_length = max_length
         prepare_streaming_training(args, train_dataset, "RewardTrainer")
-        model = _load_reward_model(model, args.model_init_kwargs)
+        model = load_model(model, args.model_init_kwargs, architecture="reward", role="reward model")
         if getattr(model.config, "num_labels", 1) != 1:
             raise ValueError(f"the reward model must have num_labels=1 (got {model.config.num_labels}).")
         processing_class = processing_class or tokenizer
-        if processing_class is None and isinstance(model_id, str) and model_id:
-            processing_class = AutoTokenizer.from_pretrained(model_id)
+        if processing_class is None and name:
+            processing_class = load_tokenizer(None, name, pad_with_eos=False)
         pad_id = check_pad_token(model, processing_class)
         if peft_config is not None:
             from peft import get_peft_model
 
             model = get_peft_model(model, peft_config)
         if args.disable_dropout:
-            _disable_dropout(model)
+            disable_dropout(model)
         with PartialState().main_process_first():
             train_dataset = self._prepare(train_dataset, "train_dataset", processing_class, args)
             eval_dataset = self._prepare(eval_dataset, "eval_dataset", processing_class, args)

@@ -15,7 +15,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+from transformers import PreTrainedModel
+
+from replayrl.models.loading import load_model, load_tokenizer
 
 RewardFunc = Callable[..., list[float | None]]
 
@@ -28,13 +30,9 @@ def reward_func_name(func: Any) -> str:
 
 
 def load_reward_model(name: str, model_init_kwargs: dict | None = None) -> PreTrainedModel:
-    try:
-        return AutoModelForSequenceClassification.from_pretrained(name, num_labels=1, **(model_init_kwargs or {}))
-    except (OSError, ValueError) as err:
-        raise ValueError(
-            f"Could not load reward model {name!r}: {err}. Pass a local directory written by save_pretrained, "
-            "a loaded AutoModelForSequenceClassification, or a callable."
-        ) from err
+    """A reward model by name or path: a one-label sequence classifier, through the one loading path (float32
+    unless `model_init_kwargs` name a dtype)."""
+    return load_model(name, model_init_kwargs, architecture="reward", role="reward model")
 
 
 class RewardFunctions:
@@ -78,9 +76,7 @@ class RewardFunctions:
         resolved = []
         for func, tok in zip(self.funcs, classes):
             if isinstance(func, PreTrainedModel):
-                tok = tok or AutoTokenizer.from_pretrained(func.config._name_or_path)
-                if tok.pad_token is None:
-                    tok.pad_token = tok.eos_token
+                tok = load_tokenizer(tok, func)
                 func.config.pad_token_id = tok.pad_token_id
             resolved.append(tok)
         return resolved

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
+from transformers import PreTrainedModel, Trainer, TrainerCallback
 
 from replayrl.accumulation import OwnLossScalingMixin
 from replayrl.algos.logprobs import TokenStats
@@ -38,7 +38,7 @@ from replayrl.data.sft import (
 from replayrl.data.streaming import first_row, is_streaming, prepare_streaming_training
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.lm_head import forward_to_head
-from replayrl.models.loading import load_causal_lm
+from replayrl.models.loading import load_model, load_tokenizer, model_id
 from replayrl.models.moe import RouterAuxLossMixin
 from replayrl.sft.config import SFTConfig
 
@@ -83,10 +83,9 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         tokenizer=None,
         **seed_kwargs: Any,
     ):
-        model_id = model if isinstance(model, str) else model.config._name_or_path
-        args = self._resolve_args(args, model_id, seed_kwargs)
-        processing_class = self._resolve_tokenizer(processing_class, tokenizer, model_id, args)
-        model = load_causal_lm(model, args.model_init_kwargs)
+        args = self._resolve_args(args, model_id(model), seed_kwargs)
+        processing_class = self._resolve_tokenizer(processing_class, tokenizer, model, args)
+        model = load_model(model, args.model_init_kwargs)
         if peft_config is not None:
             from peft import get_peft_model
 
@@ -118,7 +117,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
 
     # ----------------------------------------------------------------------------------------- set-up
     @staticmethod
-    def _resolve_args(args: SFTConfig | None, model_id: str, seed_kwargs: dict) -> SFTConfig:
+    def _resolve_args(args: SFTConfig | None, name: str, seed_kwargs: dict) -> SFTConfig:
         unknown = sorted(set(seed_kwargs) - set(SEED_CONFIG_KWARGS) - set(SEED_IGNORED_KWARGS))
         if unknown:
             raise TypeError(f"SFTTrainer got unexpected keyword arguments {unknown}; SFT options go in SFTConfig.")
@@ -132,7 +131,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
             )
             seed_kwargs = {k: v for k, v in seed_kwargs.items() if k not in SEED_IGNORED_KWARGS}
         if args is None:
-            args = SFTConfig(output_dir=f"{str(model_id).rstrip('/').split('/')[-1]}-SFT")
+            args = SFTConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-SFT")
         elif not isinstance(args, SFTConfig):
             raise ValueError(f"args must be an SFTConfig, got {type(args).__name__}; build one with SFTConfig(...).")
         for name, value in seed_kwargs.items():
@@ -142,13 +141,12 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         return args
 
     @staticmethod
-    def _resolve_tokenizer(processing_class, tokenizer, model_id: str, args: SFTConfig):
+    def _resolve_tokenizer(processing_class, tokenizer, model, args: SFTConfig):
         if tokenizer is not None:
             if processing_class is not None and processing_class is not tokenizer:
                 raise ValueError("Pass the tokenizer once: `processing_class=` (current) or `tokenizer=` (TRL v0.7.1).")
             processing_class = tokenizer
-        if processing_class is None:
-            processing_class = AutoTokenizer.from_pretrained(model_id)
+        processing_class = load_tokenizer(processing_class, model, pad_with_eos=False)
         if args.pad_token is not None:
             processing_class.pad_token = args.pad_token
         if processing_class.pad_token is None:
