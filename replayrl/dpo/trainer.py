@@ -73,7 +73,7 @@ class DPOTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         tokenizer=None,
         **seed_kwargs,
     ):
-        if ref_model is not None and ref_model is model:
+        if ref_model is not None and ref_model is model and not isinstance(model, str):  # one path: two loads
             raise ValueError(
                 "ref_model is the same object as model: the reference must stay frozen while the policy trains. "
                 "Pass ref_model=None (a frozen copy is made) or a separate model."
