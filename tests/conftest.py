@@ -42,6 +42,10 @@ def chat_dataset():
     return prompt_dataset(16, conversational=True)
 
 
+# Training arguments every end-to-end test wants: CPU, seeded, a log per step, no saves, no trackers, no bars.
+QUIET_CPU_RUN = dict(logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=0, disable_tqdm=True)
+
+
 def tiny_args(cls, tmp_path, **overrides):
     """Small, fast, deterministic settings for end-to-end runs."""
     kwargs = dict(
@@ -52,12 +56,7 @@ def tiny_args(cls, tmp_path, **overrides):
         max_prompt_length=32,
         max_steps=2,
         learning_rate=1e-2,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        seed=0,
-        disable_tqdm=True,
+        **QUIET_CPU_RUN,
     )
     kwargs.update(overrides)
     return cls(**kwargs)

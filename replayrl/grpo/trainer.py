@@ -87,7 +87,8 @@ class GRPOTrainer(
             from peft import get_peft_model
 
             model = get_peft_model(model, peft_config)
-        self.reward_funcs = RewardFunctions(reward_funcs, reward_processing_classes, args.reward_weights)
+        reward_kwargs = {**(args.model_init_kwargs or {}), **remote}  # TRL: reward models given by name load with them
+        self.reward_funcs = RewardFunctions(reward_funcs, reward_processing_classes, args.reward_weights, reward_kwargs)
         check_datasets(args, train_dataset, eval_dataset, self.reward_funcs)
         self.tools, self._tools = list(tools or []), tools_by_name(tools)  # functions the model may call
         self.reward_func_names = self.reward_funcs.names  # TRL's attributes

@@ -10,21 +10,13 @@ from replayrl.dpo import DPOConfig, DPOTrainer
 from replayrl.models.loading import load_model, resolve_init_kwargs
 from replayrl.models.tiny import build_tiny_model, save_tiny
 from replayrl.reward import RewardConfig, RewardTrainer
+from replayrl.rewards.functions import RewardFunctions
 from replayrl.sft import SFTConfig, SFTTrainer
 from replayrl.tasks.preferences import preference_datasets
+from tests.conftest import QUIET_CPU_RUN, tiny_args
 
 SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
-COMMON = dict(
-    learning_rate=2e-5,
-    max_steps=3,
-    per_device_train_batch_size=2,
-    logging_steps=1,
-    save_strategy="no",
-    report_to="none",
-    use_cpu=True,
-    seed=0,
-    disable_tqdm=True,
-)
+COMMON = dict(learning_rate=2e-5, max_steps=3, per_device_train_batch_size=2, **QUIET_CPU_RUN)
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +120,9 @@ def test_reward_model_by_path_loads_in_float32_unless_told(tmp_path, tokenizer, 
     assert RewardTrainer(str(path), args=args, train_dataset=pairs).model.dtype == torch.float32
     args = RewardConfig(output_dir=str(tmp_path / "rw"), model_init_kwargs={"dtype": "auto"}, **COMMON)
     assert RewardTrainer(str(path), args=args, train_dataset=pairs).model.dtype == torch.bfloat16
+    # The reward models of GRPO / PPO reward functions, given by path, follow the same rule.
+    assert RewardFunctions([str(path)]).funcs[0].dtype == torch.float32
+    assert RewardFunctions([str(path)], model_init_kwargs={"dtype": "auto"}).funcs[0].dtype == torch.bfloat16
 
 
 def test_value_head_model_by_path_loads_in_float32(bf16_dir):
@@ -154,3 +149,22 @@ def test_init_kwargs_with_a_model_object_are_refused(tokenizer):
     with pytest.raises(ValueError, match="ref_model_init_kwargs only apply when `ref_model` is a name or path"):
         load_model(model, {"dtype": "float32"}, role="ref_model", kwargs_name="ref_model_init_kwargs")
     assert load_model(model) is model
+
+
+def _lengths(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def test_grpo_loads_a_bf16_checkpoint_in_float32_and_keeps_small_updates(bf16_dir, tmp_path):
+    from replayrl.grpo import GRPOConfig, GRPOTrainer
+    from replayrl.models.tiny import prompt_dataset
+
+    args = tiny_args(GRPOConfig, tmp_path, learning_rate=2e-5, max_steps=3)
+    trainer = GRPOTrainer(bf16_dir, reward_funcs=_lengths, args=args, train_dataset=prompt_dataset(16))
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+    before = _params(trainer.model)
+    trainer.train()
+    assert _unchanged(before, trainer.model) == []
+    args = tiny_args(GRPOConfig, tmp_path, model_init_kwargs={"dtype": "bfloat16"})
+    trainer = GRPOTrainer(bf16_dir, reward_funcs=_lengths, args=args, train_dataset=prompt_dataset(16))
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.bfloat16}
