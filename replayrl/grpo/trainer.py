@@ -79,9 +79,9 @@ class GRPOTrainer(
         if args is None:
             args = self._default_config(f"{model_id(model).split('/')[-1]}-GRPO")
         remote = {"trust_remote_code": True} if args.trust_remote_code else {}
-        processing_class = load_tokenizer(processing_class, model, padding_side="left", **remote)
         init_kwargs = {**(args.model_init_kwargs or {}), **remote} if isinstance(model, str) else args.model_init_kwargs
         model = load_model(model, init_kwargs)
+        processing_class = load_tokenizer(processing_class, model, padding_side="left", **remote)
         self._apply_model_options(model, args)
         if peft_config is not None:
             from peft import get_peft_model

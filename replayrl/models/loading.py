@@ -112,7 +112,13 @@ def load_tokenizer(
                 "the model object does not say where it was loaded from, so its tokenizer cannot be found: pass "
                 "processing_class=<its tokenizer>."
             )
-        processing_class = AutoTokenizer.from_pretrained(name, **tokenizer_kwargs)
+        try:
+            processing_class = AutoTokenizer.from_pretrained(name, **tokenizer_kwargs)
+        except (OSError, ValueError) as err:
+            raise ValueError(
+                f"Could not load the tokenizer of {name!r} ({err}). Pass processing_class=<its tokenizer>, or a "
+                "directory written by `save_pretrained` that holds one."
+            ) from err
     if pad_with_eos and getattr(processing_class, "pad_token", "") is None:
         processing_class.pad_token = processing_class.eos_token
     return processing_class
