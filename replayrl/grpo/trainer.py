@@ -9,7 +9,7 @@ steps_per_generation` completions, whole groups of G):
   4. `_postprocess_rollout` hook (identity here; the replay trainer swaps zero-std groups);
   5. per micro-batch: clipped surrogate against the behaviour log-probs, + beta * k3 KL to a frozen
      reference, aggregated with token weights fixed once per batch (so the loss does not depend on how the
-     batch is split into micro-batches or processes).
+     batch is split into micro-batches or processes). The whole formula: `replayrl.grpo.objective`.
 
 The trainer is glue: every formula is in `replayrl.algos`. Departures from TRL: docs/deviations.md.
 """
