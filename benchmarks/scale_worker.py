@@ -7,8 +7,9 @@ the Trainer does), the tokens of every step, and the memory `train()` used above
 called: on a GPU `torch.cuda.max_memory_allocated()` (peak statistics reset just before `train()`) minus the
 allocation then; on a CPU the peak resident set size during `train()` minus the RSS just before it, the peak taken
 from the kernel's high-water mark (reset through /proc/self/clear_refs) and, as a cross-check, a thread sampling
-VmRSS every millisecond; the larger of the two is reported. Imports only the standard library at module level: it
-also runs inside the TRL virtualenv, where replayrl is not installed.
+VmRSS every millisecond; the larger of the two is reported. Every weight is read once before `train()`
+(`page_in`), so weights memory-mapped by `from_pretrained` count on neither side. Imports only the standard
+library at module level: it also runs inside the TRL virtualenv, where replayrl is not installed.
 """
 
 from __future__ import annotations
@@ -153,6 +154,21 @@ def _is_token_ids(key: str, value) -> bool:
     return ids and isinstance(value, list)
 
 
+def page_in(trainer) -> None:
+    """Read every weight of the policy and of a reference model once before `train()`: `from_pretrained` may leave
+    them memory-mapped from the safetensors file, so they would enter the RSS during `train()` on one side (TRL
+    loads its DPO reference from the path) and before it on the other (replayrl copies the policy). Counted on
+    neither side this way."""
+    import torch
+
+    with torch.no_grad():
+        for name in ("model", "ref_model"):
+            model = getattr(trainer, name, None)
+            if isinstance(model, torch.nn.Module):
+                for tensor in [*model.parameters(), *model.buffers()]:
+                    tensor.float().sum()
+
+
 def main() -> None:
     args = parse()
     import torch
@@ -176,6 +192,7 @@ def main() -> None:
             ends.append(time.perf_counter())
 
     trainer.add_callback(Clock())
+    page_in(trainer)
     memory = Memory(cuda)
     memory.start()
     trainer.train()
