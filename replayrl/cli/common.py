@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Any
 
-from replayrl.models.model_config import ModelArguments
+from replayrl.models.model_config import ModelArguments, ModelConfig, get_peft_config, model_init_kwargs
 
 PROG = "replayrl"
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -58,6 +58,15 @@ class ScriptArguments:
         default=None,
         metadata=help_text("Split to evaluate on, with --eval_strategy steps|epoch (None: no evaluation)."),
     )
+
+
+def model_loading(model_args: ModelConfig, config: Any):
+    """Apply `ModelConfig`'s flags: its loading options (dtype, revision, attention, trust_remote_code) go under
+    `config.model_init_kwargs` (the config's own keys win) when a model path is given; returns its LoRA settings as
+    a `peft.LoraConfig`, or None without --use_peft, for the trainer's `peft_config`."""
+    if model_args.model_name_or_path is not None:
+        config.model_init_kwargs = {**model_init_kwargs(model_args), **(config.model_init_kwargs or {})}
+    return get_peft_config(model_args)
 
 
 def make_parser(command: str, types: Sequence[type], **kwargs: Any) -> argparse.ArgumentParser:

@@ -1,7 +1,8 @@
 """`replayrl dpo [--config recipe.yaml] [--<field> value ...]`: train with DPO, plot, summarise.
 
-Every `DPOConfig` field (so every `transformers.TrainingArguments` field too) is a flag, plus --model_name_or_path,
---dataset_name, --dataset_split, --dataset_test_split. Values: CLI defaults < the built-in job's settings (only
+Every `DPOConfig` field (so every `transformers.TrainingArguments` field too) is a flag, plus `ModelConfig`'s
+(--model_name_or_path, loading options, --use_peft and LoRA), --dataset_name, --dataset_split, --dataset_test_split.
+Values: CLI defaults < the built-in job's settings (only
 without a model and a dataset) < the --config recipe < flags.
 
 Built-in job: the tiny addition policy of `replayrl grpo` (warmed up on a noisy teacher, right about a quarter
@@ -14,9 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from replayrl.cli.common import ModelArguments, ScriptArguments, parse_command, run_job
+from replayrl.cli.common import ScriptArguments, model_loading, parse_command, run_job
 from replayrl.cli.preference import DESCRIPTION, describe, job_inputs
 from replayrl.dpo import DPOConfig, DPOTrainer
+from replayrl.models.model_config import ModelConfig
 from replayrl.tasks import addition
 
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -37,13 +39,21 @@ DEFAULT_CONFIG: dict[str, Any] = {
 
 
 def run(argv: list[str]) -> int:
-    types = (ScriptArguments, ModelArguments, DPOConfig)
+    types = (ScriptArguments, ModelConfig, DPOConfig)
     description = DESCRIPTION.format(name="DPO")
     script, model_args, config = parse_command("dpo", types, argv, DEFAULT_CONFIG, description=description)
 
     def build() -> DPOTrainer:
         train, evaluation, model, tokenizer = job_inputs(script, model_args, config, addition.build_default_model)
-        return DPOTrainer(model, args=config, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer)
+        peft_config = model_loading(model_args, config)
+        return DPOTrainer(
+            model,
+            args=config,
+            train_dataset=train,
+            eval_dataset=evaluation,
+            processing_class=tokenizer,
+            peft_config=peft_config,
+        )
 
     job = f"{describe(script, model_args)}; loss_type {','.join(config.loss_type)}, beta {config.beta}"
     tiny = model_args.model_name_or_path is None

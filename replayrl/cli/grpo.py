@@ -28,6 +28,7 @@ from replayrl.cli.common import (
     check_trackers,
     load_any_dataset,
     make_parser,
+    model_loading,
     parse_with_recipe,
     quiet_datasets,
     run_dir,
@@ -38,7 +39,7 @@ from replayrl.cli.common import help_text as _help
 from replayrl.cli.help import COMMON_TRAINING_FLAGS, arrange_help
 from replayrl.grpo.config_parity import TRLParityArguments
 from replayrl.metrics import summary_lines
-from replayrl.models.model_config import ModelConfig, get_peft_config, model_init_kwargs
+from replayrl.models.model_config import ModelConfig
 from replayrl.replay.config import GRPOWithReplayBufferConfig
 from replayrl.rewards.builtin import RewardFunc, get_reward
 from replayrl.tasks import addition as default_task
@@ -234,7 +235,7 @@ def build_trainer(
             model, tokenizer = default_task.build_default_model(config.seed)
         else:
             model, tokenizer = model_args.model_name_or_path, None
-            config.model_init_kwargs = {**model_init_kwargs(model_args), **(config.model_init_kwargs or {})}
+        peft_config = model_loading(model_args, config)
         return GRPOWithReplayBufferTrainer(
             model=model,
             reward_funcs=rewards,
@@ -242,7 +243,7 @@ def build_trainer(
             train_dataset=train,
             eval_dataset=evaluation,
             processing_class=tokenizer,
-            peft_config=get_peft_config(model_args),
+            peft_config=peft_config,
         )
     except (ValueError, OSError, ImportError) as err:  # model not found, reward_weights mismatch, no peft, ...
         raise CLIError(str(err)) from err

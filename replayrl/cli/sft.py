@@ -1,7 +1,8 @@
 """`replayrl sft [--config recipe.yaml] [--<field> value ...]`: supervised fine-tuning, plot, summary.
 
 `replayrl sft` takes every `SFTConfig` field (so every `transformers.TrainingArguments` field too) as a flag,
-plus the `ScriptArguments` below (TRL's names). Each value comes from the highest of, lowest first:
+plus the shared `ScriptArguments` and `ModelConfig` flags (TRL's names: loading options, --use_peft, LoRA).
+Each value comes from the highest of, lowest first:
   1. the CLI's own defaults: output_dir=runs/sft-<time>, report_to=none;
   2. the built-in job's settings (`DEFAULT_CONFIG`), only when no model and no dataset are given;
   3. the recipe file given with --config (YAML: flag names without dashes as keys);
@@ -22,14 +23,15 @@ from datasets import Dataset
 
 from replayrl.cli.common import (
     PROG,
-    ModelArguments,
     ScriptArguments,
     builtin_job,
+    model_loading,
     parse_command,
     quiet_datasets,
     run_job,
     user_datasets,
 )
+from replayrl.models.model_config import ModelConfig
 from replayrl.sft import SFTConfig, SFTTrainer
 from replayrl.tasks import addition as task
 
@@ -57,9 +59,9 @@ EPILOG = (
 )
 
 
-def parse_sft_args(argv: list[str]) -> tuple[ScriptArguments, ModelArguments, SFTConfig]:
+def parse_sft_args(argv: list[str]) -> tuple[ScriptArguments, ModelConfig, SFTConfig]:
     description = "Supervised fine-tuning; writes the model, metrics.jsonl and training.png to --output_dir."
-    types = (ScriptArguments, ModelArguments, SFTConfig)
+    types = (ScriptArguments, ModelConfig, SFTConfig)
     return parse_command("sft", types, argv, DEFAULT_CONFIG, description=description, epilog=EPILOG)
 
 
@@ -69,7 +71,7 @@ def builtin_datasets(seed: int) -> tuple[Dataset, Dataset]:
     return train.rename_column("answer", "completion"), held_out.rename_column("answer", "completion")
 
 
-def build_trainer(script: ScriptArguments, model_args: ModelArguments, config: SFTConfig) -> SFTTrainer:
+def build_trainer(script: ScriptArguments, model_args: ModelConfig, config: SFTConfig) -> SFTTrainer:
     if script.dataset_name is None:
         with quiet_datasets():
             train, held_out = builtin_datasets(config.seed)
@@ -85,7 +87,15 @@ def build_trainer(script: ScriptArguments, model_args: ModelArguments, config: S
     else:
         model, tokenizer = model_args.model_name_or_path, None
     with quiet_datasets() if script.dataset_name is None else nullcontext():
-        return SFTTrainer(model, args=config, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer)
+        peft_config = model_loading(model_args, config)
+        return SFTTrainer(
+            model,
+            args=config,
+            train_dataset=train,
+            eval_dataset=evaluation,
+            processing_class=tokenizer,
+            peft_config=peft_config,
+        )
 
 
 def run(argv: list[str]) -> int:

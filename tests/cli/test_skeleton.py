@@ -52,3 +52,23 @@ def test_a_run_without_matplotlib_writes_metrics_and_skips_the_plot(tmp_path, ca
     assert [r["step"] for r in read_metrics(out / METRICS_FILE) if "loss" in r] == [1, 2]
     assert not (out / PLOT_FILE).exists()
     assert "plot: skipped: plotting needs matplotlib: pip install 'replayrl[plot]'" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["sft", "dpo"])
+def test_model_config_flags_reach_the_trainer(tmp_path, model_dir, command):
+    """--use_peft / --lora_r (ModelConfig) train a LoRA adapter; --dtype reaches from_pretrained."""
+    import json
+
+    data = tmp_path / "data.jsonl"
+    rows = [{"prompt": f"{a}+1=", "completion": str(a + 1)} for a in range(8)]
+    if command == "dpo":
+        rows = [{"prompt": r["prompt"], "chosen": r["completion"], "rejected": "x"} for r in rows]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    argv = [command, "--model_name_or_path", model_dir, "--dataset_name", str(data), "--output_dir", str(out)]
+    argv += ["--max_steps", "1", "--per_device_train_batch_size", "4", "--use_peft", "--lora_r", "4"]
+    argv += ["--lora_target_modules", "q_proj", "v_proj", "--dtype", "float32", "--dataloader_pin_memory", "false"]
+    assert main(argv) == 0
+    adapter = json.loads((out / "adapter_config.json").read_text())
+    assert adapter["r"] == 4 and sorted(adapter["target_modules"]) == ["q_proj", "v_proj"]
+    assert read_metrics(out / METRICS_FILE)
