@@ -45,15 +45,8 @@ def run(argv: list[str]) -> int:
 
     def build() -> DPOTrainer:
         train, evaluation, model, tokenizer = job_inputs(script, model_args, config, addition.build_default_model)
-        peft_config = model_loading(model_args, config)
-        return DPOTrainer(
-            model,
-            args=config,
-            train_dataset=train,
-            eval_dataset=evaluation,
-            processing_class=tokenizer,
-            peft_config=peft_config,
-        )
+        data = {"train_dataset": train, "eval_dataset": evaluation, "processing_class": tokenizer}
+        return DPOTrainer(model, args=config, peft_config=model_loading(model_args, config), **data)
 
     job = f"{describe(script, model_args)}; loss_type {','.join(config.loss_type)}, beta {config.beta}"
     tiny = model_args.model_name_or_path is None

@@ -87,15 +87,8 @@ def build_trainer(script: ScriptArguments, model_args: ModelConfig, config: SFTC
     else:
         model, tokenizer = model_args.model_name_or_path, None
     with quiet_datasets() if script.dataset_name is None else nullcontext():
-        peft_config = model_loading(model_args, config)
-        return SFTTrainer(
-            model,
-            args=config,
-            train_dataset=train,
-            eval_dataset=evaluation,
-            processing_class=tokenizer,
-            peft_config=peft_config,
-        )
+        data = {"train_dataset": train, "eval_dataset": evaluation, "processing_class": tokenizer}
+        return SFTTrainer(model, args=config, peft_config=model_loading(model_args, config), **data)
 
 
 def run(argv: list[str]) -> int:
