@@ -45,13 +45,18 @@ def _unchanged(before: dict[str, torch.Tensor], model) -> list[str]:
     return [n for n, p in before.items() if torch.equal(p, after[n].detach())]
 
 
-def _sft(path, tmp_path, texts, **init) -> SFTTrainer:
-    args = SFTConfig(output_dir=str(tmp_path / "sft"), max_length=32, model_init_kwargs=init or None, **COMMON)
+def _sft(path, tmp_path, texts, bf16=False, **init) -> SFTTrainer:
+    args = SFTConfig(
+        output_dir=str(tmp_path / "sft"), max_length=32, model_init_kwargs=init or None, bf16=bf16, **COMMON
+    )
     return SFTTrainer(path, args=args, train_dataset=texts)
 
 
-def test_sft_loads_a_bf16_checkpoint_in_float32_and_keeps_small_updates(bf16_dir, texts, tmp_path):
-    trainer = _sft(bf16_dir, tmp_path, texts)
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
+def test_sft_loads_a_bf16_checkpoint_in_float32_and_keeps_small_updates(bf16_dir, texts, tmp_path, bf16):
+    """Also under bf16=True (TRL's mixed precision): autocast runs the matmuls in bf16, the weights stay float32."""
+    trainer = _sft(bf16_dir, tmp_path, texts, bf16=bf16)
+    assert trainer.accelerator.mixed_precision == ("bf16" if bf16 else "no")
     assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
     before = _params(trainer.model)
     norms = [n for n in before if "norm" in n]
