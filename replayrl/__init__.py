@@ -29,6 +29,8 @@ _EXPORTS = {
     "create_reference_model": "replayrl.models.value_head",
     "PPOConfig": "replayrl.ppo.config",
     "PPOTrainer": "replayrl.ppo.trainer",
+    "DistillationConfig": "replayrl.distillation.config",
+    "DistillationTrainer": "replayrl.distillation.trainer",
     "KTOConfig": "replayrl.kto.config",
     "KTOTrainer": "replayrl.kto.trainer",
     "RLOOConfig": "replayrl.rloo.config",

@@ -31,3 +31,28 @@ def trl_bf16_default(bf16: bool | None, fp16: bool, use_cpu: bool) -> bool:
     import torch
 
     return use_cpu or (torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+
+
+def resolve_pad_to_multiple_of(value: int | str | None) -> int | None:
+    """TRL's `pad_to_multiple_of`: "auto" pads only on Neuron (never here), so None; strings from the CLI -> int."""
+    if isinstance(value, str):
+        return None if value.lower() in ("auto", "none", "null") else int(value)
+    return value
+
+
+@dataclass
+class TRLBaseArguments(TrainingArguments):
+    """TRL 1.16's `_BaseConfig`: the TrainingArguments defaults every TRL trainer config changes."""
+
+    learning_rate: float = field(default=1e-6, metadata={"help": "AdamW learning rate (TRL's default 1e-6)."})
+    logging_steps: float = field(default=10, metadata={"help": "Log every N optimizer steps."})
+    gradient_checkpointing: bool = field(
+        default=True, metadata={"help": "Recompute activations in the backward pass (TRL's default: on)."}
+    )
+    bf16: bool | None = field(
+        default=None, metadata={"help": "bf16 mixed precision; None (TRL): on unless fp16 is set, where bf16 can run."}
+    )
+
+    def __post_init__(self):
+        self.bf16 = trl_bf16_default(self.bf16, self.fp16, self.use_cpu)
+        super().__post_init__()

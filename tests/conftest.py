@@ -111,3 +111,20 @@ def fast_warm_up(monkeypatch):
 
     real = addition.warm_up
     monkeypatch.setattr(addition, "warm_up", lambda model, tok, seed: real(model, tok, seed, steps=10))
+
+
+def assert_accumulation_invariant(make, tmp_path: Path, steps: int = 1, **overrides) -> list[list[dict]]:
+    """`make(out_dir, **kwargs)` -> a trainer; trained `steps` SGD steps (lr 1, no clipping) as 1 micro-batch of 8
+    rows and as 8 micro-batches of 1: the same logged losses and parameters. Returns both runs' log histories."""
+    runs = []
+    for bs, ga in [(8, 1), (1, 8)]:
+        trainer = make(tmp_path / f"ga{ga}", per_device_train_batch_size=bs, gradient_accumulation_steps=ga,
+                       max_steps=steps, optim="sgd", learning_rate=1.0, max_grad_norm=0.0, **overrides)  # fmt: skip
+        trainer.train()
+        runs.append(([p.detach().clone() for p in trainer.model.parameters()], trainer.state.log_history))
+    (p8, log8), (p1, log1) = runs
+    for step in range(steps):
+        assert log1[step]["loss"] == pytest.approx(log8[step]["loss"], rel=1e-4, abs=1e-6), step
+    for a, b in zip(p1, p8):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    return [log8, log1]

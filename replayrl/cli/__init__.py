@@ -46,6 +46,7 @@ COMMANDS: dict[str, tuple[str, str]] = {  # the post-training pipeline in order,
     "sft": ("replayrl.cli.sft", "supervised fine-tuning (built-in offline job without a model)"),
     "reward": ("replayrl.cli.reward", "train a reward model on preferences (built-in offline job without a model)"),
     "dpo": ("replayrl.cli.dpo", "train with DPO and its loss variants (built-in offline job without a model)"),
+    "distillation": ("replayrl.cli.distillation", "on-policy distillation from a teacher (built-in offline job)"),
     "kto": (
         "replayrl.cli.kto",
         "train with KTO on unpaired good/bad completions (built-in offline job without a model)",

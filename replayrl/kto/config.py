@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replayrl.algos.kto import KTO_LOSS_TYPES
-from replayrl.training_args import TrainingArguments, trl_bf16_default
+from replayrl.training_args import TRLBaseArguments, resolve_pad_to_multiple_of
 
 
 def _help(text: str) -> dict:
@@ -19,17 +19,10 @@ def _help(text: str) -> dict:
 
 
 @dataclass
-class KTOConfig(TrainingArguments):
+class KTOConfig(TRLBaseArguments):
     r"""Configuration for [`KTOTrainer`] (TRL 1.16's names and defaults). Every field is also a
     `replayrl kto --<field>` flag."""
 
-    # TRL's base-config defaults
-    learning_rate: float = field(default=1e-6, metadata=_help("AdamW learning rate (TRL's KTO default 1e-6)."))
-    logging_steps: float = field(default=10, metadata=_help("Log every N optimizer steps."))
-    gradient_checkpointing: bool = field(default=True, metadata=_help("Recompute activations in the backward pass."))
-    bf16: bool | None = field(
-        default=None, metadata=_help("bf16 mixed precision; None (TRL): on unless fp16 is set, where bf16 can run.")
-    )
     train_sampling_strategy: str = field(
         default="sequential",
         metadata=_help("TRL's KTO default: the dataset's order (shuffle it first). 'random' works here too."),
@@ -70,10 +63,7 @@ class KTOConfig(TrainingArguments):
     ref_model_sync_steps: int = field(default=512, metadata=_help("TR-DPO tau: sync every N optimizer steps."))
 
     def __post_init__(self):
-        if isinstance(self.pad_to_multiple_of, str):
-            value = self.pad_to_multiple_of.lower()
-            self.pad_to_multiple_of = None if value in ("auto", "none", "null") else int(value)  # no Neuron here
-        self.bf16 = trl_bf16_default(self.bf16, self.fp16, self.use_cpu)
+        self.pad_to_multiple_of = resolve_pad_to_multiple_of(self.pad_to_multiple_of)
         if isinstance(self.model_init_kwargs, str):
             import json
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from replayrl.replay.config import GRPOWithReplayBufferConfig
-from replayrl.training_args import trl_bf16_default
+from replayrl.training_args import resolve_pad_to_multiple_of, trl_bf16_default
 
 # GRPO options with no meaning for RLOO's loss, and the only value accepted (the one that leaves them inactive).
 _GRPO_ONLY = {
@@ -80,9 +80,7 @@ class RLOOConfig(GRPOWithReplayBufferConfig):
     )
 
     def __post_init__(self):
-        if isinstance(self.pad_to_multiple_of, str):
-            value = self.pad_to_multiple_of.lower()
-            self.pad_to_multiple_of = None if value in ("auto", "none", "null") else int(value)  # no Neuron here
+        self.pad_to_multiple_of = resolve_pad_to_multiple_of(self.pad_to_multiple_of)
         self.bf16 = trl_bf16_default(self.bf16, self.fp16, self.use_cpu)
         super().__post_init__()
         for name, accepted in _GRPO_ONLY.items():
