@@ -13,11 +13,17 @@ held-out prompts, which it never trains on, shows the distillation. Offline, abo
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Any
 
-from replayrl.cli.common import CLIError
-from replayrl.cli.preference import parse_args, run_job, user_datasets
+from replayrl.cli.common import (
+    CLIError,
+    ModelArguments,
+    ScriptArguments,
+    builtin_job,
+    parse_command,
+    run_job,
+    user_datasets,
+)
 from replayrl.distillation import DistillationConfig
 from replayrl.tasks import addition
 
@@ -38,7 +44,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
 }
 
 
-def build_trainer(script, config: DistillationConfig):
+def build_trainer(script: ScriptArguments, model_args: ModelArguments, config: DistillationConfig):
     from replayrl.distillation import DistillationTrainer
     from replayrl.models.tiny import build_tiny_model
 
@@ -47,22 +53,25 @@ def build_trainer(script, config: DistillationConfig):
         evaluation = held_out if config.eval_strategy != "no" or config.eval_on_start else None
     else:
         train, evaluation = user_datasets(script, config)
-    if script.model_name_or_path is None:
+    if model_args.model_name_or_path is None:
         teacher, tokenizer = addition.build_default_model(config.seed)
         student = build_tiny_model(tokenizer, seed=config.seed + 1, **addition.MODEL_KWARGS)
         return DistillationTrainer(student, teacher, args=config, train_dataset=train, eval_dataset=evaluation,
                                    processing_class=tokenizer)  # fmt: skip
     if config.teacher_model_name_or_path is None:
         raise CLIError("--teacher_model_name_or_path is required with --model_name_or_path")
-    return DistillationTrainer(script.model_name_or_path, args=config, train_dataset=train, eval_dataset=evaluation)
+    return DistillationTrainer(model_args.model_name_or_path, args=config, train_dataset=train, eval_dataset=evaluation)
 
 
 def run(argv: list[str]) -> int:
-    script, config = parse_args("distillation", DistillationConfig, DEFAULT_CONFIG, argv)
-    builtin = script.model_name_or_path is None and script.dataset_name is None
-    describe = f"{script.model_name_or_path} <- {config.teacher_model_name_or_path} on {script.dataset_name}"
-    if builtin:
+    types = (ScriptArguments, ModelArguments, DistillationConfig)
+    description = "On-policy distillation: the student samples, the teacher's distributions are the target."
+    script, model_args, config = parse_command("distillation", types, argv, DEFAULT_CONFIG, description=description)
+    describe = f"{model_args.model_name_or_path} <- {config.teacher_model_name_or_path} on {script.dataset_name}"
+    if builtin_job(script, model_args):
         describe = "built-in job: a random tiny student distils the warmed-up addition policy on a+b= prompts"
     describe += f"; beta {config.beta}"
-    with addition.one_thread() if script.model_name_or_path is None else nullcontext():
-        return run_job("distillation", config, lambda: build_trainer(script, config), describe, "divergence")
+    tiny = model_args.model_name_or_path is None
+    build = lambda: build_trainer(script, model_args, config)  # noqa: E731
+    return run_job("distillation", config, build, describe, summary=("divergence", "loss"), tiny=tiny,
+                   saved="final model")  # fmt: skip
