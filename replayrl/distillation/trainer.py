@@ -15,8 +15,8 @@ Departures from TRL: docs/distillation.md.
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
-from transformers import AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
+from torch import Tensor
+from transformers import PreTrainedModel, Trainer, TrainerCallback
 
 from replayrl.accumulation import OwnLossScalingMixin
 from replayrl.algos.distillation import chunked_generalized_jsd
@@ -29,7 +29,7 @@ from replayrl.generation.hf import build_generation_config
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.metrics.means import MeanMetricsMixin
 from replayrl.models.lm_head import forward_to_head
-from replayrl.models.loading import load_causal_lm
+from replayrl.models.loading import disable_dropout, load_model, load_tokenizer, model_id
 
 
 def _identity_collator(features: list[dict]) -> list[dict]:
@@ -56,27 +56,23 @@ class DistillationTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetrics
         peft_config=None,
         tools: list | None = None,
     ):
-        model_id = model if isinstance(model, str) else model.config._name_or_path
-        args = args if args is not None else DistillationConfig(output_dir=f"{model_id.split('/')[-1]}-Distillation")
+        name = model_id(model).split("/")[-1]
+        args = args if args is not None else DistillationConfig(output_dir=f"{name}-Distillation")
         if quantization_config is not None or tools:
             raise ValueError("quantization_config and tools are not supported by replayrl's distillation; pass None.")
         for name, data in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
             if data is not None and "prompt" not in data.column_names:
                 raise ValueError(f"{name} has no 'prompt' column (columns: {data.column_names}); rename_column it.")
         remote = {"trust_remote_code": True} if args.trust_remote_code else {}
-        processing_class = processing_class or AutoTokenizer.from_pretrained(model_id, **remote)
-        if processing_class.pad_token is None:
-            processing_class.pad_token = processing_class.eos_token
         init = {**(args.model_init_kwargs or {}), **remote} if isinstance(model, str) else args.model_init_kwargs
-        model = load_causal_lm(model, init)
+        model = load_model(model, init)
+        processing_class = load_tokenizer(processing_class, model, **remote)
         if peft_config is not None:
             from peft import get_peft_model
 
             model = get_peft_model(model, peft_config)
         if args.disable_dropout:
-            for module in model.modules():
-                if isinstance(module, nn.Dropout):
-                    module.p = 0.0
+            disable_dropout(model)
         teacher = self._load_teacher(teacher_model, args, model, remote)
         super().__init__(
             model=model,
@@ -107,7 +103,7 @@ class DistillationTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetrics
         if not isinstance(teacher_model, str) and args.teacher_model_init_kwargs is not None:
             raise ValueError("teacher_model_init_kwargs only applies to a teacher given by name; set it to None.")
         kwargs = {**(args.teacher_model_init_kwargs or {}), **remote} if isinstance(teacher_model, str) else None
-        teacher = load_causal_lm(teacher_model, kwargs)
+        teacher = load_model(teacher_model, kwargs, role="teacher_model", kwargs_name="teacher_model_init_kwargs")
         v_student = student.config.get_text_config().vocab_size
         v_teacher = teacher.config.get_text_config().vocab_size
         if v_student != v_teacher:
