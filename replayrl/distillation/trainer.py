@@ -29,7 +29,7 @@ from replayrl.generation.hf import build_generation_config
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.metrics.means import MeanMetricsMixin
 from replayrl.models.lm_head import forward_to_head
-from replayrl.models.loading import disable_dropout, load_model, load_tokenizer, model_id
+from replayrl.models.loading import apply_peft, disable_dropout, load_model, load_tokenizer, model_id
 
 
 def _identity_collator(features: list[dict]) -> list[dict]:
@@ -64,13 +64,9 @@ class DistillationTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetrics
             if data is not None and "prompt" not in data.column_names:
                 raise ValueError(f"{name} has no 'prompt' column (columns: {data.column_names}); rename_column it.")
         remote = {"trust_remote_code": True} if args.trust_remote_code else {}
-        init = {**(args.model_init_kwargs or {}), **remote} if isinstance(model, str) else args.model_init_kwargs
-        model = load_model(model, init)
+        model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
         processing_class = load_tokenizer(processing_class, model, **remote)
-        if peft_config is not None:
-            from peft import get_peft_model
-
-            model = get_peft_model(model, peft_config)
+        model = apply_peft(model, peft_config)
         if args.disable_dropout:
             disable_dropout(model)
         teacher = self._load_teacher(teacher_model, args, model, remote)

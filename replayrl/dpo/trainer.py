@@ -35,7 +35,7 @@ from replayrl.dpo.config import DPOConfig
 from replayrl.dpo.sequence_logps import packed_sums, padded_sums, shared_sums
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.attention import is_peft_model
-from replayrl.models.loading import disable_dropout, load_model, load_tokenizer, model_id
+from replayrl.models.loading import apply_peft, disable_dropout, load_model, load_tokenizer, model_id
 from replayrl.models.moe import RouterAuxLossMixin
 from replayrl.models.reference import SyncRefModelCallback
 
@@ -136,11 +136,7 @@ class DPOTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
     @staticmethod
     def _load_models(model, ref_model, args: DPOConfig, peft_config) -> tuple:
         """(policy, reference or None): loaded, PEFT-wrapped, dropout off."""
-        model = load_model(model, args.model_init_kwargs)
-        if peft_config is not None:
-            from peft import get_peft_model
-
-            model = get_peft_model(model, peft_config)
+        model = apply_peft(load_model(model, args.model_init_kwargs), peft_config)
         ref_model = DPOTrainer._build_ref_model(model, ref_model, args)
         if args.sync_ref_model and ref_model is None:
             raise ValueError("sync_ref_model=True needs a separate reference model; it cannot be used with PEFT.")

@@ -44,7 +44,7 @@ from replayrl.grpo.streaming import StreamingDataMixin
 from replayrl.grpo.tools import ToolCallingMixin, tools_by_name
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.lm_head import forward_to_head
-from replayrl.models.loading import disable_dropout, load_model, load_tokenizer, model_id
+from replayrl.models.loading import apply_peft, disable_dropout, load_model, load_tokenizer, model_id
 from replayrl.models.reference import SyncRefModelCallback
 from replayrl.rewards.functions import RewardFunctions
 
@@ -79,14 +79,10 @@ class GRPOTrainer(
         if args is None:
             args = self._default_config(f"{model_id(model).split('/')[-1]}-GRPO")
         remote = {"trust_remote_code": True} if args.trust_remote_code else {}
-        init_kwargs = {**(args.model_init_kwargs or {}), **remote} if isinstance(model, str) else args.model_init_kwargs
-        model = load_model(model, init_kwargs)
+        model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
         processing_class = load_tokenizer(processing_class, model, padding_side="left", **remote)
         self._apply_model_options(model, args)
-        if peft_config is not None:
-            from peft import get_peft_model
-
-            model = get_peft_model(model, peft_config)
+        model = apply_peft(model, peft_config)
         reward_kwargs = {**(args.model_init_kwargs or {}), **remote}  # TRL: reward models given by name load with them
         self.reward_funcs = RewardFunctions(reward_funcs, reward_processing_classes, args.reward_weights, reward_kwargs)
         check_datasets(args, train_dataset, eval_dataset, self.reward_funcs)

@@ -38,7 +38,7 @@ from replayrl.metrics.callback import attach_metrics_file
 from replayrl.metrics.means import MeanMetricsMixin
 from replayrl.models.attention import is_peft_model
 from replayrl.models.lm_head import forward_to_head
-from replayrl.models.loading import disable_dropout, load_model, load_tokenizer, model_id
+from replayrl.models.loading import apply_peft, disable_dropout, load_model, load_tokenizer, model_id
 from replayrl.models.reference import SyncRefModelCallback
 
 
@@ -69,13 +69,9 @@ class KTOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetricsMixin, Tr
             raise ValueError("ref_model is the same object as model; pass ref_model=None (a frozen copy is made).")
         self._check_batch(args)
         remote = {"trust_remote_code": True} if args.trust_remote_code else {}
-        init = {**(args.model_init_kwargs or {}), **remote} if isinstance(model, str) else args.model_init_kwargs
-        model = load_model(model, init)
+        model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
         processing_class = load_tokenizer(processing_class, model, **remote)
-        if peft_config is not None:
-            from peft import get_peft_model
-
-            model = get_peft_model(model, peft_config)
+        model = apply_peft(model, peft_config)
         ref_model = self._build_ref_model(model, ref_model, args)
         with PartialState().main_process_first():
             train_dataset = self._tokenize(train_dataset, "train_dataset", processing_class, args)

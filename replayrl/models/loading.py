@@ -70,12 +70,14 @@ def load_model(
     architecture: Literal["causal_lm", "seq2seq_lm", "reward"] = "causal_lm",
     role: str = "model",
     kwargs_name: str = "model_init_kwargs",
+    trust_remote_code: bool = False,
 ) -> PreTrainedModel:
     """A model object passes through (with init kwargs: a ValueError, they could not apply); a name or local path
     is loaded with `from_pretrained` of the `architecture` ("reward": a sequence classifier with one label;
     "seq2seq_lm": an encoder-decoder LM), in
-    float32 unless `init_kwargs` name a dtype (`resolve_init_kwargs`). `role` and `kwargs_name` only word the
-    errors ("reward model", "ref_model_init_kwargs")."""
+    float32 unless `init_kwargs` name a dtype (`resolve_init_kwargs`), with `trust_remote_code` added when set (the
+    config flag of TRL 1.16's GRPO/KTO/distillation configs). `role` and `kwargs_name` only word the errors
+    ("reward model", "ref_model_init_kwargs")."""
     if not isinstance(model, str):
         if init_kwargs:
             raise ValueError(
@@ -84,6 +86,8 @@ def load_model(
             )
         return model
     kwargs = resolve_init_kwargs(init_kwargs, kwargs_name)
+    if trust_remote_code:
+        kwargs["trust_remote_code"] = True
     if architecture == "reward":
         kwargs["num_labels"] = 1
     try:
@@ -122,6 +126,17 @@ def load_tokenizer(
     if pad_with_eos and getattr(processing_class, "pad_token", "") is None:
         processing_class.pad_token = processing_class.eos_token
     return processing_class
+
+
+def apply_peft(model: PreTrainedModel, peft_config) -> PreTrainedModel:
+    """`model` wrapped by `peft.get_peft_model(model, peft_config)`; unchanged when `peft_config` is None."""
+    if peft_config is None:
+        return model
+    try:
+        from peft import get_peft_model
+    except ImportError as err:
+        raise ImportError("peft_config needs peft: pip install replayrl[peft]") from err
+    return get_peft_model(model, peft_config)
 
 
 def disable_dropout(model: nn.Module) -> None:

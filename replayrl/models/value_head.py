@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from replayrl.models.loading import load_model
+from replayrl.models.loading import apply_peft, load_model
 
 HEAD_PREFIX = "v_head."
 PEFT_HEAD_FILE = "value_head.safetensors"
@@ -98,12 +98,7 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
             base = cls._load_base(str(pretrained_model_name_or_path), kwargs or None)
         else:
             base = pretrained_model_name_or_path
-        if peft_config is not None:
-            try:
-                from peft import get_peft_model
-            except ImportError as err:
-                raise ImportError("peft_config needs peft: pip install replayrl[peft]") from err
-            base = get_peft_model(base, peft_config)
+        base = apply_peft(base, peft_config)
         model = cls(base, **head_kwargs)
         if is_path:
             state = _read_head_state(Path(pretrained_model_name_or_path))

@@ -27,7 +27,7 @@ from replayrl.data.prefix_sharing import SIDES, SharedPrefixRows, share_prefixes
 from replayrl.data.streaming import column_names, is_streaming, map_options, prepare_streaming_training
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.attention import attention_mask_for, base_model
-from replayrl.models.loading import disable_dropout, load_model, load_tokenizer, model_id
+from replayrl.models.loading import apply_peft, disable_dropout, load_model, load_tokenizer, model_id
 from replayrl.reward.config import RewardConfig
 
 logger = logging.getLogger(__name__)
@@ -97,10 +97,7 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         if processing_class is None and name:
             processing_class = load_tokenizer(None, name, pad_with_eos=False)
         pad_id = check_pad_token(model, processing_class)
-        if peft_config is not None:
-            from peft import get_peft_model
-
-            model = get_peft_model(model, peft_config)
+        model = apply_peft(model, peft_config)
         if args.disable_dropout:
             disable_dropout(model)
         with PartialState().main_process_first():

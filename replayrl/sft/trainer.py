@@ -38,7 +38,7 @@ from replayrl.data.sft import (
 from replayrl.data.streaming import first_row, is_streaming, prepare_streaming_training
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.lm_head import forward_to_head
-from replayrl.models.loading import load_model, load_tokenizer, model_id
+from replayrl.models.loading import apply_peft, load_model, load_tokenizer, model_id
 from replayrl.models.moe import RouterAuxLossMixin
 from replayrl.sft.config import SFTConfig
 
@@ -85,11 +85,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
     ):
         args = self._resolve_args(args, model_id(model), seed_kwargs)
         processing_class = self._resolve_tokenizer(processing_class, tokenizer, model, args)
-        model = load_model(model, args.model_init_kwargs)
-        if peft_config is not None:
-            from peft import get_peft_model
-
-            model = get_peft_model(model, peft_config)
+        model = apply_peft(load_model(model, args.model_init_kwargs), peft_config)
         self._init_router_aux(model, args.router_aux_loss_coef)
         self._eos_token_id = resolve_eos_token_id(processing_class, args.eos_token)
         prepare_streaming_training(args, train_dataset, "SFTTrainer")
