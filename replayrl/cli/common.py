@@ -19,6 +19,14 @@ from typing import Any
 from replayrl.models.model_config import ModelArguments, ModelConfig, get_peft_config, model_init_kwargs
 
 PROG = "replayrl"
+
+
+# How every built-in job logs and evaluates (`eval_steps` is the job's own): log every 10 steps, evaluate from
+# the start, keep no checkpoints (a built-in job is a short demonstration; pass --save_strategy to keep them).
+def builtin_job_logging(eval_steps: int) -> dict[str, Any]:
+    return dict(logging_steps=10, eval_strategy="steps", eval_steps=eval_steps, eval_on_start=True, save_strategy="no")
+
+
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 

@@ -20,6 +20,7 @@ from replayrl.cli.common import (
     ModelArguments,
     ScriptArguments,
     builtin_job,
+    builtin_job_logging,
     parse_command,
     run_job,
     user_datasets,
@@ -36,11 +37,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "max_completion_length": 4,
     "bf16": False,  # the tiny models run faster in fp32 on CPU
     "gradient_checkpointing": False,
-    "logging_steps": 10,
-    "eval_strategy": "steps",
-    "eval_steps": 20,
-    "eval_on_start": True,
-    "save_strategy": "no",
+    **builtin_job_logging(eval_steps=20),
 }
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from replayrl.cli.common import ScriptArguments, model_loading, parse_command, run_job
+from replayrl.cli.common import ScriptArguments, builtin_job_logging, model_loading, parse_command, run_job
 from replayrl.cli.preference import DESCRIPTION, describe, job_inputs
 from replayrl.dpo import DPOConfig, DPOTrainer
 from replayrl.models.model_config import ModelConfig
@@ -30,11 +30,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "per_device_eval_batch_size": 80,
     "max_prompt_length": 16,
     "max_length": 32,
-    "logging_steps": 10,
-    "eval_strategy": "steps",
-    "eval_steps": 20,
-    "eval_on_start": True,
-    "save_strategy": "no",
+    **builtin_job_logging(eval_steps=20),
 }
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from replayrl.cli.common import ModelArguments, ScriptArguments, parse_command, run_job
+from replayrl.cli.common import ModelArguments, ScriptArguments, builtin_job_logging, parse_command, run_job
 from replayrl.cli.preference import DESCRIPTION, describe, job_inputs
 from replayrl.kto import KTOConfig
 from replayrl.tasks import addition
@@ -29,11 +29,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "max_length": 32,
     "bf16": False,  # the tiny model runs faster in fp32 on CPU
     "gradient_checkpointing": False,
-    "logging_steps": 10,
-    "eval_strategy": "steps",
-    "eval_steps": 20,
-    "eval_on_start": True,
-    "save_strategy": "no",
+    **builtin_job_logging(eval_steps=20),
 }
 
 

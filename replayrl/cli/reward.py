@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from replayrl.cli.common import ModelArguments, ScriptArguments, parse_command, run_job
+from replayrl.cli.common import ModelArguments, ScriptArguments, builtin_job_logging, parse_command, run_job
 from replayrl.cli.preference import DESCRIPTION, describe, job_inputs
 from replayrl.models.tiny import build_tiny_sequence_classifier, build_tokenizer
 from replayrl.reward import RewardConfig, RewardTrainer
@@ -27,11 +27,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "per_device_train_batch_size": 32,
     "per_device_eval_batch_size": 80,
     "max_length": 32,
-    "logging_steps": 10,
-    "eval_strategy": "steps",
-    "eval_steps": 25,
-    "eval_on_start": True,
-    "save_strategy": "no",
+    **builtin_job_logging(eval_steps=25),
 }
 
 

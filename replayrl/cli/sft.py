@@ -25,6 +25,7 @@ from replayrl.cli.common import (
     PROG,
     ScriptArguments,
     builtin_job,
+    builtin_job_logging,
     model_loading,
     parse_command,
     quiet_datasets,
@@ -43,11 +44,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "per_device_train_batch_size": 32,
     "per_device_eval_batch_size": 20,
     "max_length": 16,
-    "logging_steps": 10,
-    "eval_strategy": "steps",
-    "eval_steps": 50,
-    "eval_on_start": True,
-    "save_strategy": "no",
+    **builtin_job_logging(eval_steps=50),
     "dataloader_pin_memory": False,  # CPU job: avoids torch's pin_memory warning
 }
 
