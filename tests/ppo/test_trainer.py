@@ -73,7 +73,7 @@ def test_seed_loop_reward_rises(tokenizer, tmp_path, seed):
     dataset.set_format("torch")
     trainer = make_trainer(tokenizer, tmp_path, dataset=dataset, batch_size=16, mini_batch_size=8, seed=seed)
     rewards_seen = []
-    for _ in range(8):
+    for _ in range(12):
         for batch in trainer.dataloader:
             responses = trainer.generate(batch["input_ids"], return_prompt=False, batch_size=16, **GEN)
             scores = [torch.isin(r, lowercase).float().mean() for r in responses]  # any Python: a scalar each
@@ -81,9 +81,10 @@ def test_seed_loop_reward_rises(tokenizer, tmp_path, seed):
             trainer.log_stats(stats, {"query": batch["query"], "response": responses}, scores)
             rewards_seen.append(torch.stack(scores).mean().item())
     assert all(key in stats for key in SEED_STAT_KEYS)
-    assert sum(rewards_seen[-2:]) / 2 > sum(rewards_seen[:2]) / 2 + 0.15, rewards_seen  # ~0.25 -> ~0.6
+    # ~0.25 -> ~0.6; the means over 3 steps, since a few sampled tokens move one step's mean by ~0.05-0.1
+    assert sum(rewards_seen[-3:]) / 3 > sum(rewards_seen[:3]) / 3 + 0.15, rewards_seen
     records = read_metrics(tmp_path / "out" / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(1, 9))
+    assert [r["step"] for r in records] == list(range(1, 13))
     assert records[-1]["env/reward_mean"] == pytest.approx(rewards_seen[-1], abs=1e-6)
 
 
