@@ -39,6 +39,7 @@ import importlib
 import sys
 
 from replayrl.cli.common import PROG, CLIError, one_line
+from replayrl.distributed import end_distributed
 
 # name -> (module, one-line description); a new trainer adds its line here.
 COMMANDS: dict[str, tuple[str, str]] = {  # the post-training pipeline in order, then the tools
@@ -75,24 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         status = _dispatch(argv)
-        _end_distributed()
+        end_distributed()  # under `accelerate launch`: see replayrl/distributed.py
         return status
     except CLIError as err:
         print(f"{PROG}: error: {one_line(str(err))}", file=sys.stderr)
         return 2
     except SystemExit as exit_:  # argparse's --help
         return exit_.code if isinstance(exit_.code, int) else 0
-
-
-def _end_distributed() -> None:
-    """Under `accelerate launch`: wait for every process, then destroy the process group while the interpreter is
-    fully alive. Left to interpreter teardown, gloo's threads and pending work are destroyed in no set order and a
-    process sometimes aborts after its work is done ("terminate called without an active exception",
-    pytorch/pytorch#190489). Looks only at a torch that the command already imported."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 def _dispatch(argv: list[str]) -> int:

@@ -8,8 +8,8 @@ import torch
 from accelerate.utils import gather_object
 
 from replayrl import DistillationConfig, DistillationTrainer
+from replayrl.distributed import end_distributed
 from replayrl.models.tiny import build_tiny_model, build_tokenizer, prompt_dataset
-from tests.workers import shut_down
 
 SIZE = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
 
@@ -36,4 +36,4 @@ def main(out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
-    shut_down()
+    end_distributed()

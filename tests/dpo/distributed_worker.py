@@ -7,9 +7,9 @@ import sys
 import torch
 
 from replayrl import DPOConfig, DPOTrainer
+from replayrl.distributed import end_distributed
 from replayrl.models.tiny import build_tiny_model, build_tokenizer
 from replayrl.tasks.preferences import preference_datasets
-from tests.workers import shut_down
 
 SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
 
@@ -58,4 +58,4 @@ if __name__ == "__main__":
     trainer = run(sys.argv[1], per_device_batch=4)
     if trainer.accelerator.is_main_process:
         torch.save(result(trainer), f"{sys.argv[1]}/result.pt")
-    shut_down()
+    end_distributed()

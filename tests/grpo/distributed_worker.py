@@ -13,8 +13,8 @@ import torch
 from accelerate.utils import gather_object
 
 from replayrl import GRPOConfig, GRPOTrainer, GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
+from replayrl.distributed import end_distributed
 from replayrl.models.tiny import build_tiny_model, build_tokenizer, prompt_dataset
-from tests.workers import shut_down
 
 
 def varied_reward(completions, **kwargs):
@@ -94,4 +94,4 @@ def main(mode: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
-    shut_down()
+    end_distributed()

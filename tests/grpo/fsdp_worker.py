@@ -19,8 +19,8 @@ from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
 from replayrl import GRPOConfig, GRPOTrainer, GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
+from replayrl.distributed import end_distributed
 from replayrl.models.tiny import build_tiny_model, build_tokenizer, prompt_dataset
-from tests.workers import shut_down
 
 
 def force_fsdp_on_cpu() -> None:
@@ -158,4 +158,4 @@ def main(mode: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
-    shut_down()
+    end_distributed()

@@ -7,9 +7,9 @@ import sys
 import torch
 
 from replayrl import KTOConfig, KTOTrainer
+from replayrl.distributed import end_distributed
 from replayrl.models.tiny import build_tiny_model, build_tokenizer
 from replayrl.tasks.preferences import preference_datasets
-from tests.workers import shut_down
 
 
 def main(out: str) -> None:
@@ -29,4 +29,4 @@ def main(out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
-    shut_down()
+    end_distributed()

@@ -11,10 +11,10 @@ import sys
 import torch
 from safetensors.torch import save_file
 
+from replayrl.distributed import end_distributed
 from replayrl.models.tiny import build_tiny_model, build_tokenizer
 from replayrl.models.value_head import AutoModelForCausalLMWithValueHead
 from replayrl.ppo import PPOConfig, PPOTrainer
-from tests.workers import shut_down
 
 N = 8
 
@@ -51,4 +51,4 @@ def main(out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
-    shut_down()
+    end_distributed()

@@ -9,8 +9,8 @@ import torch
 from accelerate.utils import gather_object
 
 from replayrl import RLOOConfig, RLOOTrainer
+from replayrl.distributed import end_distributed
 from replayrl.models.tiny import build_tiny_model, build_tokenizer, prompt_dataset
-from tests.workers import shut_down
 
 
 def varied_reward(completions, **kwargs):
@@ -37,4 +37,4 @@ def main(out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
-    shut_down()
+    end_distributed()

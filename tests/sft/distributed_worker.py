@@ -6,9 +6,9 @@ import sys
 import torch
 
 from replayrl import SFTConfig, SFTTrainer
+from replayrl.distributed import end_distributed
 from replayrl.models.tiny import build_tiny_model, build_tokenizer
 from tests.sft.helpers import varied_dataset
-from tests.workers import shut_down
 
 
 def main(out: str, packing: bool) -> None:
@@ -42,4 +42,4 @@ def main(out: str, packing: bool) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2] == "packed")
-    shut_down()
+    end_distributed()
