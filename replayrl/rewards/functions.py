@@ -83,7 +83,7 @@ class RewardFunctions:
 
     def columns_used(self) -> set[str]:
         """Dataset columns the reward functions name as parameters (besides the standard ones)."""
-        standard = {"prompts", "completions", "completion_ids", "trainer_state", "kwargs", "self"}
+        standard = {"prompts", "completions", "completion_ids", "trainer_state", "environments", "kwargs", "self"}
         used = set()
         for func in self.funcs:
             if isinstance(func, PreTrainedModel):
@@ -95,7 +95,7 @@ class RewardFunctions:
     def columns_required(self) -> dict[str, set[str]]:
         """Per function name, the dataset columns it cannot do without: parameters with no default, and those
         it declares in a `required_columns` attribute."""
-        standard = {"prompts", "completions", "completion_ids", "trainer_state"}
+        standard = {"prompts", "completions", "completion_ids", "trainer_state", "environments"}
         required = {}
         for name, func in zip(self.names, self.funcs):
             if isinstance(func, PreTrainedModel):
