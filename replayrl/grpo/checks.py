@@ -6,9 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 
-def check_datasets(args, train_dataset, eval_dataset, reward_funcs, needs_prompt: bool = True) -> None:
+def check_datasets(args, train_dataset, eval_dataset, reward_funcs, needs_prompt=True, dataset_columns=True) -> None:
     """Train and eval datasets against the config and the columns the reward functions read. `needs_prompt=False`
-    (environments, which may supply the prompt from `reset()`): a `prompt` column is optional."""
+    (environments, which may supply the prompt from `reset()`): a `prompt` column is optional.
+    `dataset_columns=False` (a rollout_func, whose extra fields join the columns at run time): the columns the
+    reward functions read are not checked against the datasets."""
+    if not dataset_columns:
+        reward_funcs = _NoColumns()
     if train_dataset is None:  # allowed until train() (TRL: a trainer for its methods, or for evaluation only)
         return _check_eval(args, eval_dataset, reward_funcs, set(), needs_prompt)
     _check_prompts("train_dataset", train_dataset, needs_prompt)
@@ -63,6 +67,16 @@ def _check_required_columns(name: str, dataset, required: dict[str, set[str]]) -
                 f"Reward function {func!r} needs the column(s) {missing}, which {name} lacks (columns: {columns}). "
                 "Add them, or rename yours (e.g. dataset.rename_column('solution', 'answer'))."
             )
+
+
+class _NoColumns:
+    """Reward functions that read no dataset column (their columns come from elsewhere)."""
+
+    def columns_used(self) -> set[str]:
+        return set()
+
+    def columns_required(self) -> dict[str, set[str]]:
+        return {}
 
 
 def _named(dataset) -> list[tuple[str, Any]]:

@@ -105,7 +105,7 @@ class GRPOTrainer(
         )
         self.reward_funcs = RewardFunctions(reward_funcs, reward_processing_classes, weights, reward_kwargs)
         train_dataset = environment_dataset(self._env, train_dataset, args)
-        check_datasets(args, train_dataset, eval_dataset, self.reward_funcs, needs_prompt=self._env is None)
+        check_datasets(args, train_dataset, eval_dataset, self.reward_funcs, self._env is None, rollout_func is None)
         self.tools, self._tools = list(tools or []), tools_by_name(tools)  # functions the model may call
         if self._env is not None:  # TRL: every environment's methods are tools too
             self.tools = self._env.all_tools
