@@ -208,3 +208,15 @@ def test_experimental_warning_and_its_silencing(tool_model, tool_tok, tmp_path, 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         GRPOTrainer(**kwargs)
+
+
+def test_environment_example_runs_as_written(tmp_path, monkeypatch):
+    import runpy
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).parents[2] / "examples" / "grpo_environment.py"
+    monkeypatch.setattr(sys, "argv", [str(example), str(tmp_path / "out")])
+    trainer = runpy.run_path(str(example), run_name="__main__")["trainer"]
+    assert trainer.reward_func_names == ["CounterEnv"]
+    assert [h["step"] for h in trainer.state.log_history if "loss" in h] == [1, 2]
