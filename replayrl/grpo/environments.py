@@ -86,6 +86,7 @@ class Environments:
         self.all_tools = list(tools)  # standalone tools + every environment's methods (TRL's `trainer.tools`)
         self.reward_funcs: list[Callable] = []
         self.standalone = list(tools)
+        reward_types: list[type] = []
         for name, make in self.factories.items():
             if not callable(make):
                 raise ValueError(f"environment_factory[{name!r}] must be a callable returning an environment.")
@@ -99,7 +100,8 @@ class Environments:
             self.pool[name], self.schema_tools[name] = [instance], self.standalone + methods
             self.all_tools += [m for m in methods if m.__name__ not in {t.__name__ for t in self.all_tools}]
             owns_reward = callable(getattr(type(instance), "get_reward", None))
-            if owns_reward and type(instance).__name__ not in [f.__name__ for f in self.reward_funcs]:
+            if owns_reward and type(instance) not in reward_types:  # one per class (a dict may repeat a class)
+                reward_types.append(type(instance))
                 self.reward_funcs.append(_reward_of(type(instance)))
 
     def names_of(self, inputs: list[dict]) -> list[str | None]:
@@ -204,6 +206,19 @@ class EnvironmentMixin:
 
     _env: Environments | None = None
     environments: list | None = None  # this batch's instance per rollout (TRL's attribute)
+
+    @property
+    def environment_factories(self) -> dict | None:
+        """TRL's attribute: `{name: factory}`; a single factory is `{None: factory}`."""
+        return None if self._env is None else self._env.factories
+
+    @property
+    def _env_tools(self) -> dict:  # TRL's private attributes, read by TRL's tests
+        return {} if self._env is None else self._env.schema_tools
+
+    @property
+    def _environment_pool(self) -> dict:
+        return {} if self._env is None else self._env.pool
 
     def _rollout_prompts(self, inputs: list[dict]) -> tuple[list, dict[str, list]]:
         """The batch's prompts and the columns passed to the reward functions. With environments: each rollout's

@@ -203,6 +203,9 @@ class ToolCallingMixin:
         totals = self.accelerator.reduce(torch.tensor(list(stats.values()), device=completion_ids.device), "sum")
         for key, value in zip(stats, totals.tolist()):
             self._metrics[mode][key].append(value)
+        calls, failures = totals.tolist()  # TRL's rates: calls per rollout, failures per call
+        self._metrics[mode]["tools/call_frequency"].append(calls / (len(rows) * self.accelerator.num_processes))
+        self._metrics[mode]["tools/failure_frequency"].append(failures / calls if calls else 0.0)
         device, n = completion_ids.device, len(rows)
         width = max(1, max(len(r.ids) for r in rows))
         ids = torch.full((n, width), self.generation_config.pad_token_id, dtype=torch.long, device=device)

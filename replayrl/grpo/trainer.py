@@ -98,7 +98,7 @@ class GRPOTrainer(
 
             model = get_peft_model(model, peft_config)
         reward_kwargs = {**(args.model_init_kwargs or {}), **remote}  # TRL: reward models given by name load with them
-        self.rollout_func, self.environment_factories = rollout_func, environment_factory  # TRL's attributes
+        self.rollout_func = rollout_func  # TRL's attribute (grpo/rollout_func.py)
         self._env = build_environments(rollout_func, environment_factory, tools)  # grpo/environments.py
         reward_funcs, reward_processing_classes, weights = environment_rewards(
             self._env, reward_funcs, reward_processing_classes, args.reward_weights

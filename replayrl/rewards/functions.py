@@ -107,6 +107,15 @@ class RewardFunctions:
             required[name] = (named | set(getattr(func, "required_columns", ()))) - standard
         return required
 
+    def __len__(self) -> int:  # TRL's `trainer.reward_funcs` is the list of functions
+        return len(self.funcs)
+
+    def __getitem__(self, index):
+        return self.funcs[index]
+
+    def __iter__(self):
+        return iter(self.funcs)
+
     def models(self) -> list[PreTrainedModel]:
         return [f for f in self.funcs if isinstance(f, PreTrainedModel)]
 

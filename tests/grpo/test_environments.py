@@ -98,6 +98,7 @@ def test_environment_tools_reset_and_owned_reward(tool_model, tool_tok, tmp_path
     expected = [1.0, 1 - abs(target - 1) / target] * 2
     log = trainer.state.log_history[0]
     assert log["rewards/CounterEnv/mean"] == pytest.approx(sum(expected) / 4)
+    assert log["tools/call_frequency"] == 1.0 and log["tools/failure_frequency"] == 0.0  # TRL's rates
     batch = trainer._micro_batches[0]
     torch.testing.assert_close(batch.rewards, torch.tensor(expected))
     text = tool_tok.decode(batch.prompt_ids[0][batch.prompt_mask[0].bool()])
@@ -145,6 +146,10 @@ def test_several_environments_routed_by_the_dataset_column(tool_model, tool_tok,
         train_dataset=data, processing_class=tool_tok, environment_factory={"counter": CounterEnv, "echo": EchoEnv},
     )  # fmt: skip
     assert [t.__name__ for t in trainer.tools] == ["increment", "echo"]
+    env_tools = {k: [t.__name__ for t in v] for k, v in trainer._env_tools.items()}
+    assert env_tools == {"counter": ["increment"], "echo": ["echo"]}
+    assert [len(pool) for pool in trainer._environment_pool.values()] == [1, 1]  # the probes seed the pools
+    assert list(trainer.environment_factories) == ["counter", "echo"]
     assert trainer.reward_func_names == ["spy", "CounterEnv"]  # only the counter owns a reward
     trainer.train()
     envs = seen["environments"]
