@@ -49,7 +49,7 @@ class CounterEnv:
         return self.count
 
     def get_reward(self) -> float:
-        return max(0.0, 1.0 - abs(self.target - self.count) / self.target)
+        return max(0.0, 1.0 - abs(self.target - self.count) / max(abs(self.target), 1))
 
 
 def counter_dataset(n: int, seed: int = 0) -> Dataset:
