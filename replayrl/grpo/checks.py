@@ -6,11 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 
-def check_datasets(args, train_dataset, eval_dataset, reward_funcs) -> None:
-    """Train and eval datasets against the config and the columns the reward functions read."""
+def check_datasets(args, train_dataset, eval_dataset, reward_funcs, needs_prompt=True, dataset_columns=True) -> None:
+    """Train and eval datasets against the config and the columns the reward functions read. `needs_prompt=False`
+    (environments, which may supply the prompt from `reset()`): a `prompt` column is optional.
+    `dataset_columns=False` (a rollout_func, whose extra fields join the columns at run time): the columns the
+    reward functions read are not checked against the datasets."""
+    if not dataset_columns:
+        reward_funcs = _NoColumns()
     if train_dataset is None:  # allowed until train() (TRL: a trainer for its methods, or for evaluation only)
-        return _check_eval(args, eval_dataset, reward_funcs, set())
-    _check_prompts("train_dataset", train_dataset)
+        return _check_eval(args, eval_dataset, reward_funcs, set(), needs_prompt)
+    _check_prompts("train_dataset", train_dataset, needs_prompt)
     _check_required_columns("train_dataset", train_dataset, reward_funcs.columns_required())
     needed = args.generation_batch_size // args.num_generations
     if hasattr(train_dataset, "__len__") and len(train_dataset) < needed:
@@ -20,16 +25,16 @@ def check_datasets(args, train_dataset, eval_dataset, reward_funcs) -> None:
             f"{args.num_generations}), so training would run 0 steps. Add prompts, or lower "
             "per_device_train_batch_size / steps_per_generation / gradient_accumulation_steps."
         )
-    _check_eval(args, eval_dataset, reward_funcs, set(_columns(train_dataset) or ()))
+    _check_eval(args, eval_dataset, reward_funcs, set(_columns(train_dataset) or ()), needs_prompt)
 
 
-def _check_eval(args, eval_dataset, reward_funcs, train_columns: set[str]) -> None:
+def _check_eval(args, eval_dataset, reward_funcs, train_columns: set[str], needs_prompt: bool = True) -> None:
     if eval_dataset is None:
         return
     check_eval_batch(args)
     reward_columns = reward_funcs.columns_used()
     for name, ds in _named(eval_dataset):
-        _check_prompts(name, ds)
+        _check_prompts(name, ds, needs_prompt)
         _check_required_columns(name, ds, reward_funcs.columns_required())
         missing = sorted(reward_columns & train_columns - set(_columns(ds) or reward_columns))
         if missing:
@@ -64,6 +69,16 @@ def _check_required_columns(name: str, dataset, required: dict[str, set[str]]) -
             )
 
 
+class _NoColumns:
+    """Reward functions that read no dataset column (their columns come from elsewhere)."""
+
+    def columns_used(self) -> set[str]:
+        return set()
+
+    def columns_required(self) -> dict[str, set[str]]:
+        return {}
+
+
 def _named(dataset) -> list[tuple[str, Any]]:
     if isinstance(dataset, dict):
         return [(f"eval_dataset[{key!r}]", ds) for key, ds in dataset.items()]
@@ -74,9 +89,11 @@ def _columns(dataset) -> list[str] | None:
     return getattr(dataset, "column_names", None)
 
 
-def _check_prompts(name: str, dataset) -> None:
+def _check_prompts(name: str, dataset, needs_prompt: bool = True) -> None:
     columns = _columns(dataset)
     if columns is not None and "prompt" not in columns:
+        if not needs_prompt:
+            return
         raise ValueError(
             f"{name} has no 'prompt' column (columns: {columns}). GRPO reads prompts from 'prompt': rename "
             "your column, e.g. dataset.rename_column('question', 'prompt')."

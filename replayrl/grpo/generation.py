@@ -1,15 +1,68 @@
-"""GRPO's side of the generation backends: when to sync the engine's weights, and the correction of the
+"""GRPO's side of the generation backends: a batch's generation (`generate_batch`, or the user's `rollout_func`,
+grpo/rollout_func.py) into one `Generated` record, when to sync the engine's weights, and the correction of the
 trainer/engine log-prob mismatch (algos.engine_is_weights) with its metrics. Kept out of trainer.py so the
 trainer reads as the algorithm."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from replayrl import algos
+from replayrl.data.prompts import tokenize_prompts
+from replayrl.grpo.rollout import fit_width
+
+
+@dataclass
+class Generated:
+    """A generated batch before scoring. Shapes: (N, P) left-padded prompts, (N, C) right-padded completions.
+    `engine_logps`: the sampler's log-probs of its tokens (vLLM, or a rollout_func's `logprobs`); `tool_mask`: 0 on
+    tokens the model did not generate (tool results, or a rollout_func's `env_mask`); `messages`: the multi-turn
+    completions of the tool loop; `extra`: a rollout_func's extra fields, for the reward functions."""
+
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    completion_ids: Tensor
+    completion_mask: Tensor
+    truncated: Tensor  # (N,) bool
+    engine_logps: Tensor | None = None
+    tool_mask: Tensor | None = None
+    messages: list | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def generate_batch(trainer, texts: list[str], mode: str) -> Generated:
+    """Tokenize the prompt texts and sample one completion per row with the generation backend (+ tool calls)."""
+    device = trainer.accelerator.device
+    prompt_ids, prompt_mask = tokenize_prompts(trainer.processing_class, texts, trainer.args.max_prompt_length)
+    prompt_ids, prompt_mask = trainer._pad_to_multiple(prompt_ids, prompt_mask, "left")
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    start = time.perf_counter()
+    sync_generator(trainer, trainer.accelerator.unwrap_model(trainer.model))
+    out = trainer.generator.generate(prompt_ids, prompt_mask)
+    trainer._metrics[mode]["timing/generation"].append(time.perf_counter() - start)
+    gen = Generated(prompt_ids, prompt_mask, out.completion_ids, out.completion_mask, out.truncated, out.logps)
+    return finish_generation(trainer, gen, mode)
+
+
+def finish_generation(trainer, gen: Generated, mode: str) -> Generated:
+    """Run the tool loop (when the trainer has tools) and pad the completion fields to `pad_to_multiple_of`."""
+    tool_mask, engine_logps, messages = gen.tool_mask, gen.engine_logps, None
+    ids, mask, truncated = gen.completion_ids, gen.completion_mask, gen.truncated
+    if trainer.tools:
+        ids, mask, truncated, tool_mask, messages = trainer._call_tools(
+            gen.prompt_ids, gen.prompt_mask, ids, mask, truncated, mode
+        )
+        engine_logps = None  # the engine's log-probs cover its own tokens only: none after tool turns (transformers)
+    if tool_mask is not None:
+        tool_mask = trainer._pad_to_multiple(tool_mask, tool_mask, "right", pad_id=1)[0]
+    ids, mask = trainer._pad_to_multiple(ids, mask, "right")
+    gen.completion_ids, gen.completion_mask, gen.truncated, gen.tool_mask = ids, mask, truncated, tool_mask
+    gen.engine_logps, gen.messages = fit_width(engine_logps, ids.shape[1]), messages
+    return gen
 
 
 def sync_generator(trainer, policy) -> None:

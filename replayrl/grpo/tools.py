@@ -118,7 +118,7 @@ class ToolRollout:
 
 def run_tool_loop(
     tokenizer,
-    tools: dict[str, Callable],
+    tools: dict[str, Callable] | list[dict[str, Callable]],
     prompt_ids: list[list[int]],
     completions: list[list[int]],
     truncated: list[bool],
@@ -129,7 +129,8 @@ def run_tool_loop(
 ) -> tuple[list[ToolRollout], dict[str, float]]:
     """Continue every row whose last turn calls a tool. ``completions``: first-turn ids per row (real tokens
     only); ``generate(id_lists) -> (new turns, truncated flags)`` samples one turn from each full context. Returns
-    the rows and counters (``tools/call_count``, ``tools/failure_count``)."""
+    the rows and counters (``tools/call_count``, ``tools/failure_count``). ``tools``: one dict for every row, or a
+    list of one dict per row (environments: each row calls its own environment's methods)."""
     rows = [ToolRollout(list(c), [1] * len(c), [_assistant(tokenizer, c)], t) for c, t in zip(completions, truncated)]
     stats = {"tools/call_count": 0.0, "tools/failure_count": 0.0}
     pending = [i for i, r in enumerate(rows) if _calls(tokenizer, r)]
@@ -138,7 +139,7 @@ def run_tool_loop(
         contexts, active = [], []
         for i in pending:
             calls = _calls(tokenizer, rows[i])
-            results, failures = run_tool_calls(calls, tools)
+            results, failures = run_tool_calls(calls, tools[i] if isinstance(tools, list) else tools)
             stats["tools/call_count"] += len(calls)
             stats["tools/failure_count"] += failures
             suffix = tool_suffix_ids(tokenizer, results, chat_template_kwargs)
@@ -184,13 +185,13 @@ class ToolCallingMixin:
     def _call_tools(self, prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, mode: str):
         """Run the tool loop on a generated batch. Returns ``(completion_ids, completion_mask, truncated,
         tool_mask, messages)``; without tools the batch passes through with ``tool_mask = messages = None``."""
-        if not self._tools:
+        if not self.tools:
             return completion_ids, completion_mask, truncated, None, None
         prompts = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)]
         firsts = [ids[m.bool()].tolist() for ids, m in zip(completion_ids, completion_mask)]
         rows, stats = run_tool_loop(
             self.processing_class,
-            self._tools,
+            self._tools_per_row(),
             prompts,
             firsts,
             truncated.tolist(),
@@ -202,6 +203,9 @@ class ToolCallingMixin:
         totals = self.accelerator.reduce(torch.tensor(list(stats.values()), device=completion_ids.device), "sum")
         for key, value in zip(stats, totals.tolist()):
             self._metrics[mode][key].append(value)
+        calls, failures = totals.tolist()  # TRL's rates: calls per rollout, failures per call
+        self._metrics[mode]["tools/call_frequency"].append(calls / (len(rows) * self.accelerator.num_processes))
+        self._metrics[mode]["tools/failure_frequency"].append(failures / calls if calls else 0.0)
         device, n = completion_ids.device, len(rows)
         width = max(1, max(len(r.ids) for r in rows))
         ids = torch.full((n, width), self.generation_config.pad_token_id, dtype=torch.long, device=device)
@@ -213,6 +217,10 @@ class ToolCallingMixin:
             tool_mask[i, : len(row.ids)] = torch.tensor(row.tool_mask, dtype=torch.long)
         cut = torch.tensor([r.truncated for r in rows], device=device)
         return ids, mask, cut, tool_mask, [r.messages for r in rows]
+
+    def _tools_per_row(self):
+        """Hook: the tools of every row (a dict), or one dict per row (see `run_tool_loop`)."""
+        return self._tools
 
     def _generate_turn(self, contexts: list[list[int]]) -> tuple[list[list[int]], list[bool]]:
         """One more assistant turn for each full context (prompt + completion so far), left-padded."""

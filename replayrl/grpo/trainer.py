@@ -29,16 +29,18 @@ from transformers import PreTrainedModel, Trainer, TrainerCallback
 from replayrl import algos
 from replayrl.accumulation import OwnLossScalingMixin
 from replayrl.checkpoints import SafeCheckpointsMixin
-from replayrl.data.prompts import is_conversational, prompts_to_text, tokenize_prompts
+from replayrl.data.prompts import is_conversational
 from replayrl.generation import build_backend
 from replayrl.generation.hf import build_generation_config
 from replayrl.grpo import options
 from replayrl.grpo.checks import check_datasets, check_eval_batch
 from replayrl.grpo.config import GRPOConfig
-from replayrl.grpo.generation import engine_correction, sync_generator
+from replayrl.grpo.environments import EnvironmentMixin, build_environments, environment_dataset, environment_rewards
+from replayrl.grpo.generation import engine_correction, generate_batch
 from replayrl.grpo.objective import EntropyController, Inputs, entropy_pool, grpo_objective
 from replayrl.grpo.reporting import GRPOMetricsMixin
-from replayrl.grpo.rollout import Rollout, fit_width, known_or
+from replayrl.grpo.rollout import Rollout, known_or
+from replayrl.grpo.rollout_func import run_rollout_func
 from replayrl.grpo.sampler import RepeatSampler
 from replayrl.grpo.streaming import StreamingDataMixin
 from replayrl.grpo.tools import ToolCallingMixin, tools_by_name
@@ -56,7 +58,13 @@ def _identity_collator(features: list[dict]) -> list[dict]:
 
 
 class GRPOTrainer(
-    ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, OwnLossScalingMixin, SafeCheckpointsMixin, Trainer
+    EnvironmentMixin,
+    ToolCallingMixin,
+    StreamingDataMixin,
+    GRPOMetricsMixin,
+    OwnLossScalingMixin,
+    SafeCheckpointsMixin,
+    Trainer,
 ):
     """TRL-compatible GRPO trainer. Arguments as TRL 1.16's `GRPOTrainer` (docs/grpo.md)."""
 
@@ -65,7 +73,7 @@ class GRPOTrainer(
     def __init__(
         self,
         model: str | PreTrainedModel,
-        reward_funcs: Any,
+        reward_funcs: Any = None,
         args: GRPOConfig | None = None,
         train_dataset=None,
         eval_dataset=None,
@@ -75,6 +83,8 @@ class GRPOTrainer(
         optimizers: tuple = (None, None),
         peft_config=None,
         tools: list | None = None,
+        rollout_func: Any = None,
+        environment_factory: Any = None,
     ):
         if args is None:
             args = self._default_config(f"{model_id(model).split('/')[-1]}-GRPO")
@@ -84,9 +94,17 @@ class GRPOTrainer(
         self._apply_model_options(model, args)
         model = apply_peft(model, peft_config)
         reward_kwargs = {**(args.model_init_kwargs or {}), **remote}  # TRL: reward models given by name load with them
-        self.reward_funcs = RewardFunctions(reward_funcs, reward_processing_classes, args.reward_weights, reward_kwargs)
-        check_datasets(args, train_dataset, eval_dataset, self.reward_funcs)
+        self.rollout_func = rollout_func  # TRL's attribute (grpo/rollout_func.py)
+        self._env = build_environments(rollout_func, environment_factory, tools)  # grpo/environments.py
+        reward_funcs, reward_processing_classes, weights = environment_rewards(
+            self._env, reward_funcs, reward_processing_classes, args.reward_weights
+        )
+        self.reward_funcs = RewardFunctions(reward_funcs, reward_processing_classes, weights, reward_kwargs)
+        train_dataset = environment_dataset(self._env, train_dataset, args)
+        check_datasets(args, train_dataset, eval_dataset, self.reward_funcs, self._env is None, rollout_func is None)
         self.tools, self._tools = list(tools or []), tools_by_name(tools)  # functions the model may call
+        if self._env is not None:  # TRL: every environment's methods are tools too
+            self.tools = self._env.all_tools
         self.reward_func_names = self.reward_funcs.names  # TRL's attributes
         self.reward_processing_classes = self.reward_funcs.processing_classes
         self.reward_weights = self.reward_funcs.weights
@@ -229,23 +247,15 @@ class GRPOTrainer(
 
     def _generate_and_score(self, inputs: list[dict], mode: str) -> Rollout:
         device = self.accelerator.device
-        prompts = [x["prompt"] for x in inputs]
-        columns = {k: [x[k] for x in inputs] for k in inputs[0] if k != "prompt"}
-        texts = prompts_to_text(self.processing_class, prompts, self.args.chat_template_kwargs, self.tools)
-        prompt_ids, prompt_mask = tokenize_prompts(self.processing_class, texts, self.args.max_prompt_length)
-        prompt_ids, prompt_mask = self._pad_to_multiple(prompt_ids, prompt_mask, "left")
-        prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-        start = time.perf_counter()
-        sync_generator(self, self.accelerator.unwrap_model(self.model))
-        out = self.generator.generate(prompt_ids, prompt_mask)
-        completion_ids, completion_mask, truncated = out.completion_ids, out.completion_mask, out.truncated
-        self._metrics[mode]["timing/generation"].append(time.perf_counter() - start)
-        completion_ids, completion_mask, truncated, tool_mask, messages = self._call_tools(
-            prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, mode
-        )
-        if tool_mask is not None:
-            tool_mask = self._pad_to_multiple(tool_mask, tool_mask, "right", pad_id=1)[0]
-        completion_ids, completion_mask = self._pad_to_multiple(completion_ids, completion_mask, "right")
+        prompts, columns = self._rollout_prompts(inputs)  # environments: reset, observations appended
+        texts = self._prompt_texts(prompts)
+        if self.rollout_func is not None:  # the user's rollout replaces generation (grpo/rollout_func.py)
+            gen = run_rollout_func(self, prompts, mode)
+            columns.update(gen.extra)
+        else:
+            gen = generate_batch(self, texts, mode)
+        prompt_ids, prompt_mask, truncated = gen.prompt_ids, gen.prompt_mask, gen.truncated
+        completion_ids, completion_mask, messages = gen.completion_ids, gen.completion_mask, gen.messages
 
         id_lists = [ids[m.bool()].tolist() for ids, m in zip(completion_ids, completion_mask)]
         texts_out = self.processing_class.batch_decode(id_lists, skip_special_tokens=True)
@@ -273,9 +283,8 @@ class GRPOTrainer(
             policy_version=torch.full((n,), self.state.global_step, dtype=torch.long, device=device),
             replayed=torch.zeros(n, dtype=torch.bool, device=device),
             truncated=truncated,
-            tool_mask=tool_mask,
-            # the engine's log-probs cover its own tokens only: none after tool turns (generated by transformers)
-            engine_logps=None if tool_mask is not None else fit_width(out.logps, completion_ids.shape[1]),
+            tool_mask=gen.tool_mask,
+            engine_logps=gen.engine_logps,
         )
         return self._add_logps(rollout, mode)
 

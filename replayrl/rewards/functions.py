@@ -83,7 +83,7 @@ class RewardFunctions:
 
     def columns_used(self) -> set[str]:
         """Dataset columns the reward functions name as parameters (besides the standard ones)."""
-        standard = {"prompts", "completions", "completion_ids", "trainer_state", "kwargs", "self"}
+        standard = {"prompts", "completions", "completion_ids", "trainer_state", "environments", "kwargs", "self"}
         used = set()
         for func in self.funcs:
             if isinstance(func, PreTrainedModel):
@@ -95,7 +95,7 @@ class RewardFunctions:
     def columns_required(self) -> dict[str, set[str]]:
         """Per function name, the dataset columns it cannot do without: parameters with no default, and those
         it declares in a `required_columns` attribute."""
-        standard = {"prompts", "completions", "completion_ids", "trainer_state"}
+        standard = {"prompts", "completions", "completion_ids", "trainer_state", "environments"}
         required = {}
         for name, func in zip(self.names, self.funcs):
             if isinstance(func, PreTrainedModel):
@@ -106,6 +106,15 @@ class RewardFunctions:
             }
             required[name] = (named | set(getattr(func, "required_columns", ()))) - standard
         return required
+
+    def __len__(self) -> int:  # TRL's `trainer.reward_funcs` is the list of functions
+        return len(self.funcs)
+
+    def __getitem__(self, index):
+        return self.funcs[index]
+
+    def __iter__(self):
+        return iter(self.funcs)
 
     def models(self) -> list[PreTrainedModel]:
         return [f for f in self.funcs if isinstance(f, PreTrainedModel)]
