@@ -5,9 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from replayrl.grpo.streaming import prepare_streaming_datasets
+
 
 def check_datasets(args, train_dataset, eval_dataset, reward_funcs) -> None:
     """Train and eval datasets against the config and the columns the reward functions read."""
+    if isinstance(train_dataset, dict):  # DatasetDict, IterableDatasetDict
+        raise TypeError(
+            f"`train_dataset` must be a `Dataset` or `IterableDataset`, got `{type(train_dataset).__name__}`: pick "
+            "a split, e.g. train_dataset=dataset['train']."
+        )
+    prepare_streaming_datasets(args, train_dataset, eval_dataset)
     if train_dataset is None:  # allowed until train() (TRL: a trainer for its methods, or for evaluation only)
         return _check_eval(args, eval_dataset, reward_funcs, set())
     _check_prompts("train_dataset", train_dataset)

@@ -36,12 +36,13 @@ from replayrl.grpo import options
 from replayrl.grpo.checks import check_datasets, check_eval_batch
 from replayrl.grpo.config import GRPOConfig
 from replayrl.grpo.generation import engine_correction, sync_generator
-from replayrl.grpo.objective import EntropyController, Inputs, entropy_pool, grpo_objective
+from replayrl.grpo.objective import EntropyController, Inputs, grpo_objective
 from replayrl.grpo.reporting import GRPOMetricsMixin
 from replayrl.grpo.rollout import Rollout, fit_width, known_or
 from replayrl.grpo.sampler import RepeatSampler
 from replayrl.grpo.streaming import StreamingDataMixin
 from replayrl.grpo.tools import ToolCallingMixin, tools_by_name
+from replayrl.grpo.trl_methods import TRLMethodsMixin
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.lm_head import forward_to_head
 from replayrl.models.loading import disable_dropout, load_model, load_tokenizer, model_id
@@ -56,7 +57,13 @@ def _identity_collator(features: list[dict]) -> list[dict]:
 
 
 class GRPOTrainer(
-    ToolCallingMixin, StreamingDataMixin, GRPOMetricsMixin, OwnLossScalingMixin, SafeCheckpointsMixin, Trainer
+    TRLMethodsMixin,
+    ToolCallingMixin,
+    StreamingDataMixin,
+    GRPOMetricsMixin,
+    OwnLossScalingMixin,
+    SafeCheckpointsMixin,
+    Trainer,
 ):
     """TRL-compatible GRPO trainer. Arguments as TRL 1.16's `GRPOTrainer` (docs/grpo.md)."""
 
@@ -256,15 +263,13 @@ class GRPOTrainer(
         completions = texts_out
         if is_conversational(prompts[0]):  # with tools: the assistant and tool messages of every turn
             completions = messages or [[{"role": "assistant", "content": t}] for t in texts_out]
-        per_func = self.reward_funcs(prompts, completions, id_lists, columns, self.state, device)
+        per_func = self.reward_funcs(
+            prompts, completions, id_lists, columns, self.state, device, **self._reward_logging_kwargs()
+        )
         all_per_func = self.accelerator.gather(per_func)
         rewards, advantages, all_rewards = self._advantages(all_per_func, len(inputs), mode)
         self._log_generation_metrics(mode, all_per_func, all_rewards, completion_mask, prompt_mask, truncated)
-        if self.args.log_completions:
-            self._last_completions = {"prompt": texts, "completion": texts_out, "reward": rewards.tolist()}
-            self._last_completions["advantage"] = advantages.tolist()
-            for i, name in enumerate(self.reward_funcs.names):
-                self._last_completions[name] = per_func[:, i].tolist()
+        self._record_completions(mode, texts, texts_out, rewards, advantages, per_func)
 
         n = len(inputs)
         rollout = Rollout(
@@ -295,13 +300,12 @@ class GRPOTrainer(
         process's scores (world * n, F). Gathered so that 'batch' scaling and the logged figures use the global
         batch; groups never straddle processes, so 'group' scaling is the same either way."""
         all_rewards = self.reward_funcs.combine(all_per_func)
-        if torch.isnan(all_rewards).all():
+        if self.args.on_unscored_batch == "raise" and torch.isnan(all_rewards).all():
             raise ValueError(
                 f"Every reward function ({self.reward_funcs.names}) returned None for every completion of the "
-                "batch, so there is nothing to learn from. Check that the functions apply to this dataset."
+                "batch, so there is nothing to learn from. Check that the functions apply to this dataset, or set "
+                "on_unscored_batch='warn' to train on (TRL's behaviour)."
             )
-        if torch.isnan(all_rewards).any():
-            logger.warning("Some completions were scored by no reward function (all None); they get zero advantage.")
         G = self._group_size(mode)
         if self.args.multi_objective_aggregation == "normalize_then_sum":
             weights = self.reward_funcs.weights
@@ -394,8 +398,7 @@ class GRPOTrainer(
         x = Inputs(batch, logps, old, behaviour, is_weights=is_weights, entropy=entropy)
         if self.args.beta != 0.0:
             x.ref = known_or(batch.ref_logps, current, real)
-        if self.args.top_entropy_quantile < 1.0:
-            x.entropy_pool = entropy_pool(self.accelerator, entropy, batch.loss_weights > 0)
+        self._add_token_masks(x, batch.loss_weights > 0)  # get_high_entropy_mask / get_off_policy_mask
         if self.entropy_control.enabled:
             x.entropy_coef = self.entropy_control.applied()
             x.entropy_weights = 1.0 / self._entropy_denominator[mode]
