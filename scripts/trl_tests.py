@@ -36,6 +36,8 @@ PACKAGE = "trl_tests"  # the temporary package the rewritten files live in (rela
 HUB_MODEL = re.compile(r"""(["'])trl-internal-testing/(tiny-[A-Za-z0-9_.\-]+)\1""")
 SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 MOE = dict(num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+NEMOTRON_H = dict(head_dim=8, mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=8, n_groups=1, n_routed_experts=4)
+NEMOTRON_H.update(moe_intermediate_size=32, moe_shared_expert_intermediate_size=32, use_mamba_kernels=False)
 # Hub name -> (model_type, head, extra config). Qwen2 goes through replayrl.models.tiny; the others from configs.
 LOCAL_MODELS = {
     "tiny-Qwen2ForCausalLM-2.5": ("qwen2", "causal", {}),
@@ -50,6 +52,7 @@ LOCAL_MODELS = {
     "tiny-Cohere2ForCausalLM": ("cohere2", "causal", {}),
     "tiny-GptOssForCausalLM": ("gpt_oss", "causal", {"head_dim": 8, **MOE}),
     "tiny-Glm4MoeForCausalLM": ("glm4_moe", "causal", {"head_dim": 8, "first_k_dense_replace": 1, **MOE}),
+    "tiny-NemotronHForCausalLM-nano": ("nemotron_h", "causal", NEMOTRON_H),
     "tiny-RemoteForCausalLM": ("remote", "causal", {}),
 }
 EXTRA_TOKENS = {"llama": ["<|finetune_right_pad_id|>"]}  # pad token TRL's Llama reward-model test sets by name
@@ -73,8 +76,9 @@ def build_local_model(name: str, out: Path) -> str | None:
         return _build_remote_model(path, tokenizer)
     ids = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     ids["bos_token_id"] = tokenizer.eos_token_id
-    config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), max_position_embeddings=512, **SIZES)
-    for key, value in {**ids, **extra}.items():
+    sizes = {**SIZES, **extra}
+    config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), max_position_embeddings=512, **sizes)
+    for key, value in ids.items():
         setattr(config, key, value)
     if head == "classifier":
         config.num_labels = 1

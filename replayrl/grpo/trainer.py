@@ -44,7 +44,6 @@ from replayrl.grpo.streaming import StreamingDataMixin
 from replayrl.grpo.tools import ToolCallingMixin, tools_by_name
 from replayrl.grpo.trl_methods import TRLMethodsMixin
 from replayrl.metrics.callback import attach_metrics_file
-from replayrl.models.lm_head import forward_to_head
 from replayrl.models.loading import disable_dropout, load_model, load_tokenizer, model_id
 from replayrl.models.reference import SyncRefModelCallback
 from replayrl.rewards.functions import RewardFunctions
@@ -370,14 +369,7 @@ class GRPOTrainer(
         input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
         attention_mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
         width = rollout.completion_ids.shape[1]
-        out, head = forward_to_head(model, input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=width + 1)
-        stats = head.positions(slice(None, -1)).token_stats(  # position t predicts token t + 1
-            rollout.completion_ids,
-            temperature=self.args.temperature,
-            with_entropy=with_entropy,
-            entropy_grad=entropy_grad,
-        )
-        return stats.logps, stats.entropy, getattr(out, "aux_loss", None)
+        return self._forward_token_stats(model, input_ids, attention_mask, width, with_entropy, entropy_grad)
 
     # ----------------------------------------------------------------------------------------- loss
     def compute_loss(self, model, inputs: Rollout, return_outputs=False, num_items_in_batch=None):

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from replayrl import algos
 from replayrl.grpo.objective import Inputs, entropy_pool
+from replayrl.models.lm_head import forward_to_head
 
 
 class TRLMethodsMixin:
@@ -43,6 +44,40 @@ class TRLMethodsMixin:
             advantages = x.batch.advantages.unsqueeze(1)
             threshold = self.args.off_policy_mask_threshold
             x.off_policy_keep = self.get_off_policy_mask(advantages, x.logps, x.behaviour, mask.float(), threshold)
+
+    def _forward_token_stats(self, model, input_ids, attention_mask, width: int, with_entropy, entropy_grad):
+        """One forward pass: log-probs ``(N, width)`` of the last ``width`` tokens of ``input_ids`` at the sampling
+        temperature, their entropies (or None) and the MoE router aux loss (or None). Only those positions go
+        through the LM head, chunk by chunk (`replayrl.models.lm_head`): no full-vocabulary logits are formed."""
+        out, head = forward_to_head(model, input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=width + 1)
+        stats = head.positions(
+            slice(None, -1)
+        ).token_stats(  # position t predicts token t + 1
+            input_ids[:, -width:],
+            temperature=self.args.temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+        )
+        return stats.logps, stats.entropy, getattr(out, "aux_loss", None)
+
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, **kwargs
+    ):
+        """TRL's signature (text models; `batch_size` chunking is the LM head's own): (log-probs, entropies or
+        None, aux loss or None). Entropies carry a gradient only while the entropy bonus is on, as in TRL."""
+        return self._forward_token_stats(
+            model, input_ids, attention_mask, logits_to_keep, compute_entropy, self._entropy_bonus_enabled
+        )
+
+    @property
+    def _entropy_bonus_enabled(self) -> bool:
+        """TRL's flag: the entropy bonus is on (a non-zero `entropy_coef`, or adaptive control)."""
+        return self.entropy_control.enabled
+
+    @_entropy_bonus_enabled.setter
+    def _entropy_bonus_enabled(self, value: bool) -> None:
+        if bool(value) != self.entropy_control.enabled:
+            raise ValueError("_entropy_bonus_enabled follows entropy_coef and use_adaptive_entropy: set those.")
 
     @property
     def entropy_coef(self) -> float:

@@ -155,3 +155,21 @@ def test_sequence_level_ratio_with_a_token_sum_loss_warns(caplog):
     with caplog.at_level("WARNING"):
         GRPOConfig(output_dir="x", importance_sampling_level="sequence", loss_type="dapo", report_to="none")
     assert "weights each sequence by its completion length" in caplog.text
+
+
+def test_per_token_logps_and_entropies_with_trls_signature(model, tokenizer, dataset, tmp_path):
+    trainer = make(model, tokenizer, dataset, tmp_path, entropy_coef=0.1, temperature=1.0)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    logps, entropies, aux = trainer._get_per_token_logps_and_entropies(
+        trainer.model, ids, torch.ones_like(ids), logits_to_keep=4, compute_entropy=True
+    )
+    # the slow reference: full logits, position t predicts token t + 1
+    reference = torch.log_softmax(trainer.model(input_ids=ids).logits[:, -5:-1].float(), dim=-1)
+    assert torch.allclose(logps, reference.gather(-1, ids[:, -4:, None]).squeeze(-1), atol=1e-5)
+    assert torch.allclose(entropies, -(reference.exp() * reference).sum(-1), atol=1e-5)
+    assert entropies.requires_grad and aux is None  # the bonus is on: its entropies carry a gradient
+    trainer.entropy_coef = 0.0
+    _, entropies, _ = trainer._get_per_token_logps_and_entropies(
+        trainer.model, ids, torch.ones_like(ids), logits_to_keep=4, compute_entropy=True
+    )
+    assert not trainer._entropy_bonus_enabled and not entropies.requires_grad
