@@ -7,7 +7,13 @@ from replayrl.algos.advantages import (
     normalize_then_sum_advantages,
     zero_std_groups,
 )
-from replayrl.algos.entropy import adaptive_entropy_coef, applied_entropy_coef, entropy_threshold, high_entropy_mask
+from replayrl.algos.entropy import (
+    adaptive_entropy_coef,
+    applied_entropy_coef,
+    entropy_quantile_mask,
+    entropy_threshold,
+    high_entropy_mask,
+)
 from replayrl.algos.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
 from replayrl.algos.logprobs import (
     TokenStats,
@@ -68,6 +74,7 @@ __all__ = [
     "group_advantages",
     "group_rewards_view",
     "group_std",
+    "entropy_quantile_mask",
     "high_entropy_mask",
     "importance_corrected_kl",
     "importance_log_weights",

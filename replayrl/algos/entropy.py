@@ -19,16 +19,23 @@ def entropy_threshold(entropies: Tensor, quantile: float) -> Tensor:
     return torch.nanquantile(flat, quantile)
 
 
-def high_entropy_mask(entropies: Tensor, mask: Tensor, top_quantile: float, pool: Tensor | None = None) -> Tensor:
-    """Keep tokens whose entropy is in the top ``top_quantile`` fraction. ``entropies, mask: (B, T)`` -> bool
-    ``(B, T)``. The threshold is the ``1 - top_quantile`` quantile of ``pool`` (a flat tensor of entropies, NaN
-    for padding; e.g. gathered from every process), by default of ``entropies[mask]``. ``top_quantile=1`` keeps
-    every masked token; ``0`` keeps only the highest-entropy token(s)."""
+def entropy_quantile_mask(entropies: Tensor, mask: Tensor, quantile: float, pool: Tensor | None = None) -> Tensor:
+    """Keep the real tokens whose entropy is at or above the ``quantile`` (in [0, 1]) of ``pool``: TRL's
+    `get_high_entropy_mask` threshold. ``entropies, mask: (B, T)`` -> bool ``(B, T)``. ``pool``: a flat tensor of
+    entropies, NaN for padding (e.g. gathered from every process), by default ``entropies[mask]``. ``quantile=0``
+    keeps every real token; ``1`` only the highest-entropy one(s); no real token in the pool keeps none."""
     real = mask.bool()
     if pool is None:
         pool = torch.where(real, entropies.detach().float(), torch.nan)
-    threshold = entropy_threshold(pool, 1.0 - top_quantile)
+    threshold = entropy_threshold(pool, quantile)
     return (entropies.detach() >= threshold) & real
+
+
+def high_entropy_mask(entropies: Tensor, mask: Tensor, top_quantile: float, pool: Tensor | None = None) -> Tensor:
+    """Keep tokens whose entropy is in the top ``top_quantile`` fraction (the config's ``top_entropy_quantile``):
+    `entropy_quantile_mask` at the ``1 - top_quantile`` quantile. ``top_quantile=1`` keeps every masked token;
+    ``0`` keeps only the highest-entropy token(s)."""
+    return entropy_quantile_mask(entropies, mask, 1.0 - top_quantile, pool)
 
 
 def adaptive_entropy_coef(
@@ -42,10 +49,11 @@ def adaptive_entropy_coef(
 
 
 def applied_entropy_coef(coef: float, last_entropy: float | None, target: float, adaptive: bool) -> float:
-    """The coefficient applied to this step's bonus: the static ``coef``; in adaptive mode 0 while the last
-    measured entropy is above ``target`` (the bonus only acts against collapse)."""
+    """The coefficient applied to this step's bonus: the static ``coef``; in adaptive mode 0 until the first
+    measurement (``last_entropy`` None, TRL's initial ``inf``) and while the last measured entropy is above
+    ``target`` (the bonus only acts against collapse)."""
     if not adaptive:
         return coef
-    if last_entropy is not None and last_entropy > target:
+    if last_entropy is None or last_entropy > target:
         return 0.0
     return coef

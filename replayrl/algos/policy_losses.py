@@ -146,8 +146,12 @@ def off_policy_sequence_mask(
     advantages: Tensor, logps: Tensor, behaviour_logps: Tensor, mask: Tensor, threshold: float
 ) -> Tensor:
     """Off-policy sequence masking (DeepSeek-V3.2, Eq. 9): keep a sequence unless its advantage is negative AND
-    its mean token KL estimate ``mean(behaviour - logp)`` exceeds ``threshold``. Returns float ``(B, 1)``."""
+    its mean token KL estimate ``mean(behaviour - logp)`` over its real tokens exceeds ``threshold``.
+    ``advantages: (B,)`` or ``(B, 1)``; ``logps, behaviour_logps, mask: (B, T)``. Returns ``(B, 1)`` in the mask's
+    float dtype (float32 for a bool mask). A NaN behaviour log-prob (a token the engine could not score) counts as
+    zero KL, as in TRL, so one such token cannot drop a sequence."""
     m = mask.to(logps.dtype)
-    seq_kl = ((behaviour_logps - logps.detach()) * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)
-    keep = (advantages.unsqueeze(1) >= 0) | (seq_kl <= threshold)
-    return keep.to(logps.dtype)
+    kl = torch.nan_to_num(behaviour_logps - logps.detach(), nan=0.0)
+    seq_kl = (kl * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)
+    keep = (advantages.reshape(-1, 1) >= 0) | (seq_kl <= threshold)
+    return keep.to(mask.dtype if mask.is_floating_point() else logps.dtype)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from replayrl.grpo.streaming import prepare_streaming_datasets
+
 
 def check_datasets(args, train_dataset, eval_dataset, reward_funcs, needs_prompt=True, dataset_columns=True) -> None:
     """Train and eval datasets against the config and the columns the reward functions read. `needs_prompt=False`
@@ -13,6 +15,12 @@ def check_datasets(args, train_dataset, eval_dataset, reward_funcs, needs_prompt
     reward functions read are not checked against the datasets."""
     if not dataset_columns:
         reward_funcs = _NoColumns()
+    if isinstance(train_dataset, dict):  # DatasetDict, IterableDatasetDict
+        raise TypeError(
+            f"`train_dataset` must be a `Dataset` or `IterableDataset`, got `{type(train_dataset).__name__}`: pick "
+            "a split, e.g. train_dataset=dataset['train']."
+        )
+    prepare_streaming_datasets(args, train_dataset, eval_dataset)
     if train_dataset is None:  # allowed until train() (TRL: a trainer for its methods, or for evaluation only)
         return _check_eval(args, eval_dataset, reward_funcs, set(), needs_prompt)
     _check_prompts("train_dataset", train_dataset, needs_prompt)

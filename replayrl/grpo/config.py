@@ -8,6 +8,7 @@ TRL added later (`loss_type`, `scale_rewards` as a string, `mask_truncated_compl
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -16,6 +17,9 @@ from replayrl.grpo.config_parity import TRLParityArguments, validate_parity
 from replayrl.training_args import TrainingArguments
 
 SCALE_REWARDS = ("group", "batch", "none", "mean")
+
+
+logger = logging.getLogger(__name__)
 
 
 def _help(text: str) -> dict:
@@ -164,6 +168,13 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
         default="fill",
         metadata=_help("When the rounds run out: 'fill' with zero-std groups (a replay buffer swaps them), 'raise'."),
     )
+    on_unscored_batch: str = field(
+        default="warn",
+        metadata=_help(
+            "A generation batch whose every completion no reward function scored (all returned None): 'warn' and "
+            "train on with zero advantages (TRL), or 'raise' a ValueError (reward functions that match no sample)."
+        ),
+    )
     # Logging
     log_completions: bool = field(default=False, metadata=_help("Print a table of completions at each log step."))
     num_completions_to_print: int | None = field(default=8, metadata=_help("Rows of that table (None: all)."))
@@ -238,13 +249,28 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
                 "dynamic_sampling_on_exhausted must be 'fill' or 'raise' "
                 f"(got {self.dynamic_sampling_on_exhausted!r}).",
             ),
+            (
+                self.on_unscored_batch in ("warn", "raise"),
+                f"on_unscored_batch must be 'warn' or 'raise' (got {self.on_unscored_batch!r}).",
+            ),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        _warn_sequence_level_token_sum(self)
         validate_parity(self)
         if self.use_vllm:
             _validate_vllm(self)
+
+
+def _warn_sequence_level_token_sum(args: GRPOConfig) -> None:
+    """TRL's warning: sequence-level ratios with a loss that sums token terms weight sequences by their length."""
+    if args.importance_sampling_level == "sequence" and args.loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
+        logger.warning(
+            f"When using `importance_sampling_level='sequence'`, the `'{args.loss_type}'` loss sums per-token "
+            "contributions, which effectively weights each sequence by its completion length instead of "
+            "optimizing the per-sequence objective. To reproduce the GSPO paper's setup, set `loss_type='grpo'`."
+        )
 
 
 def _importance_sampling_bounds(args: GRPOConfig) -> None:

@@ -72,6 +72,7 @@ class Objective:
     kl: Tensor | None = None
     entropy_mask: Tensor | None = None
     off_policy_keep: Tensor | None = None
+    policy_loss: Tensor | None = None  # the loss before the entropy bonus (TRL's `policy_loss` metric)
 
 
 @dataclass
@@ -85,7 +86,8 @@ class Inputs:
     ref: Tensor | None = None
     is_weights: Tensor | None = None
     entropy: Tensor | None = None  # with gradient when the entropy bonus is on
-    entropy_pool: Tensor | None = None  # flat, NaN-padded entropies of every process (top_entropy_quantile)
+    entropy_mask: Tensor | None = None  # (B, T) bool, top_entropy_quantile tokens (GRPOTrainer.get_high_entropy_mask)
+    off_policy_keep: Tensor | None = None  # (B, 1), off_policy_mask_threshold (GRPOTrainer.get_off_policy_mask)
     entropy_weights: Tensor | None = None  # token-mean weights u (entropy bonus)
     entropy_coef: float = 0.0
 
@@ -102,12 +104,16 @@ def grpo_objective(args, x: Inputs) -> Objective:
         per_token = per_token * x.is_weights.detach()
     objective = Objective(loss=per_token.new_zeros(()), terms=out, token_mask=mask)
     if args.off_policy_mask_threshold is not None:
-        objective.off_policy_keep = algos.off_policy_sequence_mask(
-            batch.advantages, x.logps, x.behaviour, mask, args.off_policy_mask_threshold
-        )
+        objective.off_policy_keep = x.off_policy_keep
+        if x.off_policy_keep is None:
+            objective.off_policy_keep = algos.off_policy_sequence_mask(
+                batch.advantages, x.logps, x.behaviour, mask, args.off_policy_mask_threshold
+            )
         per_token = per_token * objective.off_policy_keep
     if args.top_entropy_quantile < 1.0:
-        objective.entropy_mask = algos.high_entropy_mask(x.entropy, mask, args.top_entropy_quantile, x.entropy_pool)
+        objective.entropy_mask = x.entropy_mask
+        if x.entropy_mask is None:
+            objective.entropy_mask = algos.high_entropy_mask(x.entropy, mask, args.top_entropy_quantile)
         per_token = per_token * objective.entropy_mask
     if args.beta != 0.0:
         kl = algos.kl_k3(x.logps, x.ref)
@@ -116,6 +122,7 @@ def grpo_objective(args, x: Inputs) -> Objective:
         objective.kl = kl
         per_token = per_token + args.beta * kl
     loss = (per_token * batch.loss_weights).sum()
+    objective.policy_loss = loss.detach()
     if x.entropy_coef != 0.0:
         effective = mask if objective.entropy_mask is None else objective.entropy_mask
         loss = loss - x.entropy_coef * (x.entropy * effective * x.entropy_weights).sum()

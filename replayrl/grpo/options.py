@@ -9,18 +9,17 @@ from torch import Tensor, nn
 
 def cast_lm_head_to_fp32(model: nn.Module) -> None:
     """Run the LM head in float32 (ScaleRL, arXiv:2510.13786): its weights become fp32 and its input is cast up,
-    so the logits (and the log-probs of the loss) are computed in fp32. Refused with tied embeddings, where the
-    head shares its weight with the input embedding (TRL refuses the same)."""
-    if getattr(model.config, "tie_word_embeddings", False):
-        raise ValueError(
-            "cast_lm_head_to_fp32=True needs untied word embeddings (model.config.tie_word_embeddings=False): the "
-            "LM head shares its weight with the input embedding here. Set cast_lm_head_to_fp32=False."
-        )
+    so the logits (and the log-probs of the loss) are computed in fp32. With tied embeddings (as TRL 1.16) the
+    shared weight becomes fp32 too and the input embedding's output is cast back to the model's dtype, so only
+    the head runs in fp32."""
     head = model.get_output_embeddings()
     if head is None:
         raise ValueError("cast_lm_head_to_fp32=True: the model has no output embedding (LM head) to cast.")
+    dtype = head.weight.dtype
     head.float()
     head.register_forward_pre_hook(lambda _module, inputs: tuple(x.float() for x in inputs))
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.get_input_embeddings().register_forward_hook(lambda _module, _inputs, output: output.to(dtype))
 
 
 def router_aux_loss_enabled(model: nn.Module) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import defaultdict, deque
+
 import torch
 from accelerate.utils import gather_object
 from torch import Tensor
@@ -88,6 +90,9 @@ class GRPOMetricsMixin:
         if objective.off_policy_keep is not None:
             sums["off_policy_mask/kept_ratio"] = masked(objective.off_policy_keep.expand_as(mask))
         sums.update(self._extra_loss_metrics(batch, logps, behaviour, mask))
+        if self.entropy_control.enabled:  # TRL: the loss before the entropy bonus, per optimizer step
+            steps = self.args.gradient_accumulation_steps if mode == "train" else 1
+            sums["policy_loss"] = (objective.policy_loss * steps, torch.ones((), device=objective.policy_loss.device))
         self._reduce_means(mode, sums)
 
     def _extra_loss_metrics(self, batch: Rollout, logps: Tensor, behaviour: Tensor, mask: Tensor) -> dict:
@@ -121,6 +126,81 @@ class GRPOMetricsMixin:
             total, count = self.accelerator.reduce(totals, reduction="sum").tolist()
             control.end_step(total, count)
         self._metrics[mode]["entropy_coef"].append(control.coef)
+
+    # ------------------------------------------------------------------ reward functions that log (TRL's kwargs)
+    def _reward_logging_kwargs(self) -> dict:
+        """TRL's ``log_extra(column, values)`` and ``log_metric(name, value)``, passed to every reward function."""
+        return {"log_extra": self._log_completion_extra, "log_metric": self._log_metric}
+
+    def _pending_logs(self) -> tuple[dict[str, list], dict[str, list]]:
+        if "_pending_extra_logs" not in self.__dict__:
+            self._pending_extra_logs, self._pending_metrics = defaultdict(list), defaultdict(list)
+        return self._pending_extra_logs, self._pending_metrics
+
+    def _log_completion_extra(self, column: str, values: list) -> None:
+        """An extra column of the completions table: one value per completion of this process's batch."""
+        self._pending_logs()[0][column].extend(values)
+
+    def _log_metric(self, name: str, value: float) -> None:
+        """A scalar metric: averaged over the calls and processes of the logging period, logged under ``name``."""
+        self._pending_logs()[1][name].append(float(value))
+
+    def _flush_reward_metrics(self, mode: str) -> None:
+        """Every process's ``log_metric`` values into ``_metrics`` (one mean per name). Names are gathered and
+        sorted so that every process reduces the same names in the same order."""
+        pending = self._pending_logs()[1]
+        names = sorted(set(gather_object(list(pending)))) if self.accelerator.num_processes > 1 else sorted(pending)
+        for name in names:
+            values = pending.get(name, [])
+            local = torch.tensor([sum(values), len(values)], dtype=torch.float32, device=self.accelerator.device)
+            total, count = self.accelerator.reduce(local, reduction="sum").tolist()
+            if count > 0:
+                self._metrics[mode][name].append(total / count)
+        pending.clear()
+
+    def _flush_extra_columns(self, n: int) -> dict[str, list]:
+        """This process's ``log_extra`` columns, by name (all None where another process logged the column and this
+        one did not). Names are gathered so that every process has the same columns."""
+        pending = self._pending_logs()[0]
+        columns = sorted(set(gather_object(list(pending)))) if self.accelerator.num_processes > 1 else sorted(pending)
+        local = {column: list(pending.get(column, [None] * n)) for column in columns}
+        pending.clear()
+        return local
+
+    def _record_completions(self, mode, prompts, completions, rewards, advantages, per_func) -> None:
+        """After scoring: reward-function metrics into ``_metrics``; with ``log_completions`` the completions table
+        (this process's rows in ``_last_completions``, every process's in TRL's ``_logs``)."""
+        self._flush_reward_metrics(mode)
+        extras = self._flush_extra_columns(len(completions))
+        if not self.args.log_completions:
+            return
+        table = {"prompt": prompts, "completion": completions, "reward": rewards.tolist()}
+        table["advantage"] = advantages.tolist()
+        for i, name in enumerate(self.reward_funcs.names):
+            table[name] = per_func[:, i].tolist()
+        self._last_completions = {**table, **extras}
+        logs = self._completion_logs()
+        for key in ("prompt", "completion"):
+            logs[key].extend(gather_object(list(table[key])))
+        logs["advantages"].extend(self.accelerator.gather(advantages).tolist())
+        for name in self.reward_funcs.names:
+            logs["rewards"][name].extend(gather_object(table[name]))
+        for column, values in extras.items():
+            logs["extra"][column].extend(gather_object(values))
+
+    def _completion_logs(self) -> dict:
+        """TRL's ``_logs``: the last generation batch of every process (prompt, completion, rewards per function,
+        advantages, extra columns; images stay empty, the trainer is text-only)."""
+        if "_logs" not in self.__dict__:
+            size = self.accelerator.num_processes * self.args.per_device_train_batch_size
+            size *= self.args.steps_per_generation
+
+            def column():
+                return deque(maxlen=size)
+
+            self._logs = {"prompt": column(), "completion": column(), "advantages": column(), "images": column()}
+            self._logs.update(rewards=defaultdict(column), extra=defaultdict(column))
+        return self._logs
 
     def _print_completions(self) -> None:
         table = {k: gather_object(v) for k, v in self._last_completions.items()}

@@ -9,11 +9,37 @@ accelerate's dispatcher cannot broadcast).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 
 from torch.utils.data import IterableDataset as TorchIterableDataset
 
 from replayrl.data.streaming import is_streaming
+
+logger = logging.getLogger(__name__)
+
+
+def prepare_streaming_datasets(args, train_dataset, eval_dataset) -> None:
+    """TRL 1.16's rules for iterable (streaming) datasets, applied at construction: accelerate's
+    `dispatch_batches` is turned off (each process reads its own slice of the stream; set explicitly to True it is
+    a ValueError), and an iterable train set is read by one worker (`dataloader_num_workers=0`: several workers
+    would interleave the stream and split the groups). An iterable eval set keeps the train set's workers: its
+    loader alone uses one (see `_get_dataloader`)."""
+    evals = eval_dataset.values() if isinstance(eval_dataset, dict) else [eval_dataset]
+    if not (is_streaming(train_dataset) or any(is_streaming(d) for d in evals)):
+        return
+    if args.accelerator_config.dispatch_batches:
+        raise ValueError(
+            "Iterable datasets require `dispatch_batches=False`, but it is set to `True` in `accelerator_config`. "
+            "Please set it to `False` (or leave it unset): each process reads its own slice of the stream."
+        )
+    args.accelerator_config.dispatch_batches = False
+    if is_streaming(train_dataset) and args.dataloader_num_workers != 0:
+        logger.warning(
+            "Iterable datasets require `dataloader_num_workers=0` to preserve prompt grouping; overriding the "
+            f"provided value ({args.dataloader_num_workers})."
+        )
+        args.dataloader_num_workers = 0
 
 
 class RepeatIterable(TorchIterableDataset):
@@ -59,7 +85,9 @@ class StreamingDataMixin:
         dataset = RepeatIterable(dataset, mini_repeat_count=G, chunk_size=chunk, repeat_count=repeat)
         config = self.accelerator.dataloader_config
         dispatch, config.dispatch_batches = config.dispatch_batches, False  # rows are dicts of strings
+        workers, self.args.dataloader_num_workers = self.args.dataloader_num_workers, 0  # one reader keeps groups
         try:
             return super()._get_dataloader(dataset, description, batch_size, sampler_fn, is_training, **kwargs)
         finally:
             config.dispatch_batches = dispatch
+            self.args.dataloader_num_workers = workers

@@ -37,15 +37,15 @@ from replayrl.grpo.checks import check_datasets, check_eval_batch
 from replayrl.grpo.config import GRPOConfig
 from replayrl.grpo.environments import EnvironmentMixin, build_environments, environment_dataset, environment_rewards
 from replayrl.grpo.generation import engine_correction, generate_batch
-from replayrl.grpo.objective import EntropyController, Inputs, entropy_pool, grpo_objective
+from replayrl.grpo.objective import EntropyController, Inputs, grpo_objective
 from replayrl.grpo.reporting import GRPOMetricsMixin
 from replayrl.grpo.rollout import Rollout, known_or
 from replayrl.grpo.rollout_func import run_rollout_func
 from replayrl.grpo.sampler import RepeatSampler
 from replayrl.grpo.streaming import StreamingDataMixin
 from replayrl.grpo.tools import ToolCallingMixin, tools_by_name
+from replayrl.grpo.trl_methods import TRLMethodsMixin
 from replayrl.metrics.callback import attach_metrics_file
-from replayrl.models.lm_head import forward_to_head
 from replayrl.models.loading import apply_peft, disable_dropout, load_model, load_tokenizer, model_id
 from replayrl.models.reference import SyncRefModelCallback
 from replayrl.rewards.functions import RewardFunctions
@@ -59,6 +59,7 @@ def _identity_collator(features: list[dict]) -> list[dict]:
 
 class GRPOTrainer(
     EnvironmentMixin,
+    TRLMethodsMixin,
     ToolCallingMixin,
     StreamingDataMixin,
     GRPOMetricsMixin,
@@ -262,15 +263,13 @@ class GRPOTrainer(
         completions = texts_out
         if is_conversational(prompts[0]):  # with tools: the assistant and tool messages of every turn
             completions = messages or [[{"role": "assistant", "content": t}] for t in texts_out]
-        per_func = self.reward_funcs(prompts, completions, id_lists, columns, self.state, device)
+        per_func = self.reward_funcs(
+            prompts, completions, id_lists, columns, self.state, device, **self._reward_logging_kwargs()
+        )
         all_per_func = self.accelerator.gather(per_func)
         rewards, advantages, all_rewards = self._advantages(all_per_func, len(inputs), mode)
         self._log_generation_metrics(mode, all_per_func, all_rewards, completion_mask, prompt_mask, truncated)
-        if self.args.log_completions:
-            self._last_completions = {"prompt": texts, "completion": texts_out, "reward": rewards.tolist()}
-            self._last_completions["advantage"] = advantages.tolist()
-            for i, name in enumerate(self.reward_funcs.names):
-                self._last_completions[name] = per_func[:, i].tolist()
+        self._record_completions(mode, texts, texts_out, rewards, advantages, per_func)
 
         n = len(inputs)
         rollout = Rollout(
@@ -300,13 +299,12 @@ class GRPOTrainer(
         process's scores (world * n, F). Gathered so that 'batch' scaling and the logged figures use the global
         batch; groups never straddle processes, so 'group' scaling is the same either way."""
         all_rewards = self.reward_funcs.combine(all_per_func)
-        if torch.isnan(all_rewards).all():
+        if self.args.on_unscored_batch == "raise" and torch.isnan(all_rewards).all():
             raise ValueError(
                 f"Every reward function ({self.reward_funcs.names}) returned None for every completion of the "
-                "batch, so there is nothing to learn from. Check that the functions apply to this dataset."
+                "batch, so there is nothing to learn from. Check that the functions apply to this dataset, or set "
+                "on_unscored_batch='warn' to train on (TRL's behaviour)."
             )
-        if torch.isnan(all_rewards).any():
-            logger.warning("Some completions were scored by no reward function (all None); they get zero advantage.")
         G = self._group_size(mode)
         if self.args.multi_objective_aggregation == "normalize_then_sum":
             weights = self.reward_funcs.weights
@@ -371,14 +369,7 @@ class GRPOTrainer(
         input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
         attention_mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
         width = rollout.completion_ids.shape[1]
-        out, head = forward_to_head(model, input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=width + 1)
-        stats = head.positions(slice(None, -1)).token_stats(  # position t predicts token t + 1
-            rollout.completion_ids,
-            temperature=self.args.temperature,
-            with_entropy=with_entropy,
-            entropy_grad=entropy_grad,
-        )
-        return stats.logps, stats.entropy, getattr(out, "aux_loss", None)
+        return self._forward_token_stats(model, input_ids, attention_mask, width, with_entropy, entropy_grad)
 
     # ----------------------------------------------------------------------------------------- loss
     def compute_loss(self, model, inputs: Rollout, return_outputs=False, num_items_in_batch=None):
@@ -399,8 +390,7 @@ class GRPOTrainer(
         x = Inputs(batch, logps, old, behaviour, is_weights=is_weights, entropy=entropy)
         if self.args.beta != 0.0:
             x.ref = known_or(batch.ref_logps, current, real)
-        if self.args.top_entropy_quantile < 1.0:
-            x.entropy_pool = entropy_pool(self.accelerator, entropy, batch.loss_weights > 0)
+        self._add_token_masks(x, batch.loss_weights > 0)  # get_high_entropy_mask / get_off_policy_mask
         if self.entropy_control.enabled:
             x.entropy_coef = self.entropy_control.applied()
             x.entropy_weights = 1.0 / self._entropy_denominator[mode]

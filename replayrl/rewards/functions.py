@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,6 +21,9 @@ from transformers import PreTrainedModel
 from replayrl.models.loading import load_model, load_tokenizer
 
 RewardFunc = Callable[..., list[float | None]]
+logger = logging.getLogger(__name__)
+# Keyword arguments the trainer passes besides the dataset columns (TRL's names).
+STANDARD_KWARGS = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"})
 
 
 def reward_func_name(func: Any) -> str:
@@ -83,7 +87,7 @@ class RewardFunctions:
 
     def columns_used(self) -> set[str]:
         """Dataset columns the reward functions name as parameters (besides the standard ones)."""
-        standard = {"prompts", "completions", "completion_ids", "trainer_state", "environments", "kwargs", "self"}
+        standard = STANDARD_KWARGS | {"environments", "kwargs", "self"}
         used = set()
         for func in self.funcs:
             if isinstance(func, PreTrainedModel):
@@ -95,7 +99,7 @@ class RewardFunctions:
     def columns_required(self) -> dict[str, set[str]]:
         """Per function name, the dataset columns it cannot do without: parameters with no default, and those
         it declares in a `required_columns` attribute."""
-        standard = {"prompts", "completions", "completion_ids", "trainer_state", "environments"}
+        standard = STANDARD_KWARGS | {"environments"}
         required = {}
         for name, func in zip(self.names, self.funcs):
             if isinstance(func, PreTrainedModel):
@@ -127,11 +131,13 @@ class RewardFunctions:
         columns: dict[str, list],
         trainer_state: Any = None,
         device: torch.device | str = "cpu",
+        **extra_kwargs: Any,
     ) -> Tensor:
-        """Scores of every function: (N, F) float32 on `device`, NaN where a function returned None."""
+        """Scores of every function: (N, F) float32 on `device`, NaN where a function returned None.
+        ``extra_kwargs`` (TRL's ``log_extra`` / ``log_metric`` callbacks, ...) are passed to every function."""
         n = len(completions)
         kwargs = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **columns}
-        kwargs["trainer_state"] = trainer_state
+        kwargs.update(trainer_state=trainer_state, **extra_kwargs)
         results: list[Any] = [None] * len(self.funcs)
         pending = {}
         for i, func in enumerate(self.funcs):
@@ -144,18 +150,23 @@ class RewardFunctions:
         if pending:
             outputs = dict(zip(pending, _run_async([f(**kwargs) for f in pending.values()])))
             results = [outputs.get(i, r) for i, r in enumerate(results)]
-        columns_out = [self._validate(name, out, n) for name, out in zip(self.names, results)]
-        return torch.stack(columns_out, dim=1).to(device)
+        columns_out = torch.stack([self._validate(name, out, n) for name, out in zip(self.names, results)], dim=1)
+        _warn_unscored(columns_out, prompts, completions, columns)
+        return columns_out.to(device)
 
     @staticmethod
     def _validate(name: str, out: Any, n: int) -> Tensor:
         if isinstance(out, Tensor) or type(out).__module__ == "numpy":  # tensors and numpy arrays, as TRL
             out = out.tolist()
-        if not isinstance(out, (list, tuple)) or len(out) != n:
-            got = f"{type(out).__name__} of length {len(out)}" if hasattr(out, "__len__") else repr(out)
+        if not isinstance(out, (list, tuple)):
             raise ValueError(
-                f"Reward function {name!r} returned {got}; it must return a list of {n} floats (one per "
-                "completion, None where it does not apply)."
+                f"Reward function {name!r} returned {type(out).__name__} {out!r}; it must return a list of {n} "
+                "floats (one per completion, None where it does not apply)."
+            )
+        if len(out) != n:
+            raise ValueError(  # TRL's wording
+                f"The reward function {name!r} returned {len(out)} rewards, but {n} were expected (one per "
+                "prompt-completion pair). Make sure the reward function returns exactly one reward per completion."
             )
         values = []
         for i, v in enumerate(out):
@@ -193,6 +204,20 @@ class RewardFunctions:
         weighted = per_func * self.weights.to(per_func.device)
         total = weighted.nansum(dim=1)
         return torch.where(per_func.isnan().all(dim=1), torch.full_like(total, math.nan), total)
+
+
+def _warn_unscored(per_func: Tensor, prompts: list, completions: list, columns: dict[str, list]) -> None:
+    """TRL's warning when every reward function returned None for a sample, naming the first such sample."""
+    unscored = per_func.isnan().all(dim=1)
+    if not unscored.any():
+        return
+    i = int(unscored.nonzero()[0])
+    row = {key: values[i] for key, values in columns.items()}
+    row.update(prompt=prompts[i], completion=completions[i])
+    logger.warning(
+        f"All reward functions returned None for the following kwargs:\n{row}\n"
+        "Please ensure that at least one reward function returns a valid reward."
+    )
 
 
 def _run_async(coroutines: list) -> list:

@@ -29,6 +29,22 @@ def test_adaptive_entropy_coef_steps_and_clamps():
     assert algos.applied_entropy_coef(0.5, 0.3, 0.2, adaptive=True) == 0.0
     assert algos.applied_entropy_coef(0.5, 0.1, 0.2, adaptive=True) == 0.5
     assert algos.applied_entropy_coef(0.5, 0.3, 0.2, adaptive=False) == 0.5
+    # adaptive: no bonus before the first measurement (TRL starts from last entropy = inf)
+    assert algos.applied_entropy_coef(0.5, None, 0.2, adaptive=True) == 0.0
+    assert algos.applied_entropy_coef(0.5, None, 0.2, adaptive=False) == 0.5
+
+
+def test_entropy_quantile_mask_is_trls_threshold():
+    ent = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], [0.7, 0.8, 0.9, 1.0, 1.1, 1.2]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    # real entropies 0.1 .. 1.0 (10 values): the 0.8 quantile is 0.1 + 0.8 * 9 * 0.1 = 0.82 -> keep 0.9 and 1.0
+    keep = algos.entropy_quantile_mask(ent, mask, 0.8)
+    assert keep.nonzero().tolist() == [[1, 2], [1, 3]]
+    assert algos.entropy_quantile_mask(ent, mask, 0.0).equal(mask.bool())  # every real token
+    assert algos.entropy_quantile_mask(ent, mask, 1.0).nonzero().tolist() == [[1, 3]]  # the highest real token
+    assert not algos.entropy_quantile_mask(ent, torch.zeros_like(mask), 0.5).any()  # no real token: none kept
+    # high_entropy_mask(top_quantile=q) is the (1 - q) quantile
+    assert algos.high_entropy_mask(ent, mask, 0.5).equal(algos.entropy_quantile_mask(ent, mask, 0.5))
 
 
 def test_mean_scaling_divides_by_the_group_mean():

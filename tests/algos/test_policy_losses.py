@@ -112,3 +112,18 @@ def test_importance_corrected_kl_and_off_policy_mask():
         torch.tensor([-1.0, 1.0, -1.0]), torch.zeros(3, 2), behaviour, torch.ones(3, 2), 0.5
     )
     assert out.squeeze(1).tolist() == [0.0, 1.0, 1.0]
+
+
+def test_off_policy_mask_shapes_padding_and_nan():
+    # advantages (B, 1) as TRL passes them; padding (mask 0) never counts, whatever its log-probs
+    logps = torch.tensor([[-2.0, -2.0, -1e4, 1e4]])
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0]])
+    drop = algos.off_policy_sequence_mask(torch.tensor([[-1.0]]), logps, torch.zeros(1, 4), mask, 1.0)
+    assert drop.tolist() == [[0.0]]  # mean KL (2 + 2) / 2 = 2 > 1
+    keep = algos.off_policy_sequence_mask(torch.tensor([[-1.0]]), logps / 4, torch.zeros(1, 4), mask, 1.0)
+    assert keep.tolist() == [[1.0]]  # mean KL 0.5 <= 1
+    # a NaN behaviour log-prob counts as zero KL: (2 + 0) / 2 = 1 <= 1 -> kept
+    behaviour = torch.tensor([[0.0, float("nan"), 0.0, 0.0]])
+    assert algos.off_policy_sequence_mask(torch.tensor([-1.0]), logps, behaviour, mask, 1.0).tolist() == [[1.0]]
+    # a bool mask gives a float result (it multiplies the per-token loss)
+    assert algos.off_policy_sequence_mask(torch.tensor([1.0]), logps, logps, mask.bool(), 1.0).dtype == torch.float32

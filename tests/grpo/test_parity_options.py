@@ -109,11 +109,23 @@ def test_chat_template_kwargs_reach_the_template(model, tokenizer, chat_dataset,
     assert "advantage" in trainer._last_completions and "varied_reward" in trainer._last_completions
 
 
+def test_cast_lm_head_to_fp32_with_tied_embeddings(tokenizer, dataset, tmp_path):
+    """TRL 1.16: the shared weight becomes fp32, the embedding's output is cast back, the logits are fp32."""
+    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                             dtype=torch.bfloat16)  # fmt: skip
+    trainer = make(model, tokenizer, dataset, tmp_path, cast_lm_head_to_fp32=True, max_steps=1)
+    before = trainer.model.lm_head.weight.detach().clone()
+    trainer.train()
+    assert trainer.model.lm_head.weight is trainer.model.model.embed_tokens.weight  # still tied
+    assert trainer.model.lm_head.weight.dtype == torch.float32 and not torch.equal(before, trainer.model.lm_head.weight)
+    ids = torch.tensor([[5, 6, 7]])
+    assert trainer.model.model.embed_tokens(ids).dtype == torch.bfloat16  # the body runs in its own dtype
+    assert trainer.model(input_ids=ids).logits.dtype == torch.float32
+
+
 def test_cast_lm_head_to_fp32(tokenizer, dataset, tmp_path):
     model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                              dtype=torch.bfloat16)  # fmt: skip
-    with pytest.raises(ValueError, match="tie_word_embeddings"):
-        make(model, tokenizer, dataset, tmp_path, cast_lm_head_to_fp32=True)
     model.config.tie_word_embeddings = False
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
     trainer = make(model, tokenizer, dataset, tmp_path, cast_lm_head_to_fp32=True, max_steps=1)

@@ -20,6 +20,8 @@ def test_trl_replay_buffer_code_path():
     sampled = buffer.sample(2)
     assert len(sampled) == 2 and all(isinstance(s, dict) for s in sampled)
     assert len(buffer.sample(10)) == 10  # more than held: with replacement
+    sampled = buffer.sample(num_samples=3)  # TRL's keyword
+    assert len(sampled) == 3 and all(any(s is d for _, d in buffer.heap) for s in sampled)
 
 
 def test_equal_scores_never_compare_the_data():

@@ -98,3 +98,72 @@ def test_a_buffered_group_longer_than_the_batch_widens_it(model, tokenizer, data
     # the group with variance entered the (TRL-style) buffer trimmed, scored sum|A| * std = 1.0 * 0.7
     score, item = max(trainer.replay_buffer.heap, key=lambda e: e[1]["prompt_ids"][0, 0] == 5)
     assert item["prompt_ids"].tolist() == [[5, 6], [7, 8]] and abs(score - 0.7) < 1e-6
+
+
+def _group(prompt: list[int], completion: list[int], advantages: list[float], **extra) -> dict:
+    """One stored group of two rows in TRL's format: prompts (2, P), completions (2, C), its advantages."""
+    return {
+        "prompt_ids": torch.tensor([prompt, [p + 1 for p in prompt]]),
+        "prompt_mask": torch.ones(2, len(prompt), dtype=torch.long),
+        "completion_ids": torch.tensor([completion, [c + 1 for c in completion]]),
+        "completion_mask": torch.ones(2, len(completion), dtype=torch.long),
+        "advantages": torch.tensor([advantages]),
+        **extra,
+    }
+
+
+def _batch_of_two_groups(advantages: list[list[float]], **extra) -> tuple:
+    """update_with_replay_buffer's positional arguments for a batch of two groups of two rows, width 2."""
+    adv = torch.tensor(advantages)
+    std = adv.std(dim=1, keepdim=True).expand_as(adv)
+    ids = torch.tensor([[1, 2], [3, 4], [5, 6], [7, 8]])
+    completion = torch.tensor([[9, 10], [11, 12], [13, 14], [15, 16]])
+    ones = torch.ones(4, 2, dtype=torch.long)
+    return adv, std, ids, ones, completion, ones.clone(), extra, 4
+
+
+def _buffered_trainer(model, tokenizer, dataset, tmp_path, groups: list[dict]):
+    trainer = make(model, tokenizer, dataset, tmp_path, cls=RecordingTrainer)
+    trainer.replay_buffer = ReplayBuffer(max_size=5)
+    trainer.num_generations = 2
+    trainer.replay_buffer.add([0.1 * (i + 1) for i in range(len(groups))], groups)
+    return trainer
+
+
+def test_only_zero_std_groups_swaps_every_group_and_carries_their_fields(model, tokenizer, dataset, tmp_path):
+    extra = {"pixel_values": torch.randn(2, 3, 4, 4), "old_per_token_logps": torch.randn(2, 2)}
+    groups = [_group([100, 101], [5, 6], [0.5, 0.6], **extra), _group([104, 105], [13, 14], [0.8, 0.85], **extra)]
+    trainer = _buffered_trainer(model, tokenizer, dataset, tmp_path, groups)
+    args = _batch_of_two_groups([[0.5, 0.5], [0.8, 0.8]], pixel_values=torch.randn(4, 3, 4, 4))
+    out = trainer.update_with_replay_buffer(*args, old_per_token_logps=torch.randn(4, 2))
+    assert "pixel_values" in out and "old_per_token_logps" in out  # the buffered groups' own fields come along
+    assert len(trainer.replay_buffer.heap) == 2  # nothing with variance to store
+    batch_prompts = args[2].tolist()
+    assert all(row not in batch_prompts for row in out["prompt_ids"].tolist())  # both groups came from the buffer
+
+
+def test_groups_with_variance_are_stored_and_nothing_is_swapped(model, tokenizer, dataset, tmp_path):
+    groups = [_group([100, 101], [5, 6], [0.5, 0.6]), _group([104, 105], [13, 14], [0.8, 0.85])]
+    trainer = _buffered_trainer(model, tokenizer, dataset, tmp_path, groups)
+    assert trainer.update_with_replay_buffer(*_batch_of_two_groups([[0.6, 0.4], [0.7, 1.2]])) is None
+    assert len(trainer.replay_buffer.heap) == 4  # both groups of the batch entered the buffer
+
+
+def test_a_buffered_group_shorter_than_the_batch_is_padded_to_its_width(model, tokenizer, dataset, tmp_path):
+    groups = [_group([100, 101], [5, 6], [0.5, 0.6]), _group([104, 105], [13, 14], [0.8, 0.85])]
+    trainer = _buffered_trainer(model, tokenizer, dataset, tmp_path, groups)
+    pad = tokenizer.pad_token_id
+    adv = torch.tensor([[0.6, 0.6], [0.3, 0.45]])  # group 0 zero-std (swapped), group 1 has variance (stored)
+    prompts = torch.tensor([[1, 2, pad], [1, 2, pad], [3, 4, 5], [3, 4, 5]])
+    prompt_mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 1], [1, 1, 1]])
+    completions = torch.tensor([[1009, 1010, pad], [1011, 1012, 1013], [1013, 1014, pad], [1015, 1016, 1017]])
+    completion_mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 1, 0], [1, 1, 1]])
+    std = adv.std(dim=1, keepdim=True).expand_as(adv)
+    out = trainer.update_with_replay_buffer(adv, std, prompts, prompt_mask, completions, completion_mask, {}, 4)
+    assert out["prompt_ids"].shape[-1] == 3  # the batch's width is kept
+    swapped = out["prompt_ids"][:2].tolist()
+    assert swapped in ([[pad, 100, 101], [pad, 101, 102]], [[pad, 104, 105], [pad, 105, 106]])  # left-padded
+    assert out["completion_ids"][:2, 2].tolist() == [pad, pad]  # completions right-padded
+    assert out["prompt_ids"][2:].tolist() == [[3, 4, 5], [3, 4, 5]]  # the group with variance stays
+    stored = [item["prompt_ids"].tolist() for _, item in trainer.replay_buffer.heap]
+    assert len(stored) == 3 and [[3, 4, 5], [3, 4, 5]] in stored  # and entered the buffer, untrimmed here

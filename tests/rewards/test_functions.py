@@ -54,7 +54,7 @@ def test_async_reward_functions_run_concurrently():
 @pytest.mark.parametrize(
     "returned,match",
     [
-        ([1.0, 2.0], "must return a list of 4 floats"),
+        ([1.0, 2.0], "returned 2 rewards, but 4 were expected"),
         ("oops", "must return a list of 4 floats"),
         ([1.0, "x", 2.0, 3.0], "returned 'x'"),
         ([1.0, float("nan"), 2.0, 3.0], "must be finite"),
@@ -97,11 +97,18 @@ def test_extra_columns_and_conventions_arrive_through_train(model, tokenizer, da
     assert seen["answer"][0] in dataset["answer"] and seen["state"] is not None
 
 
-def test_all_none_rewards_is_an_error(model, tokenizer, dataset, tmp_path):
+def test_all_none_rewards_warn_and_train_on_or_raise_when_asked(model, tokenizer, dataset, tmp_path, caplog):
     def never(completions, **kw):
         return [None] * len(completions)
 
-    args = tiny_args(GRPOConfig, tmp_path, max_steps=1)
+    args = tiny_args(GRPOConfig, tmp_path, max_steps=1, logging_steps=1)
+    trainer = GRPOTrainer(model=model, reward_funcs=never, args=args, train_dataset=dataset, processing_class=tokenizer)
+    with caplog.at_level("WARNING"):
+        trainer.train()  # TRL's behaviour: a warning naming the sample, zero advantages, no update from the policy term
+    assert "All reward functions returned None for the following kwargs:" in caplog.text
+    assert trainer.state.global_step == 1 and trainer.state.log_history[0]["loss"] == 0.0
+
+    args = tiny_args(GRPOConfig, tmp_path / "strict", max_steps=1, on_unscored_batch="raise")
     trainer = GRPOTrainer(model=model, reward_funcs=never, args=args, train_dataset=dataset, processing_class=tokenizer)
     with pytest.raises(ValueError, match="returned None for every completion"):
         trainer.train()

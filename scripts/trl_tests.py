@@ -1,0 +1,243 @@
+"""Run TRL's own test files against replayrl, offline, and print how many pass.
+
+    python scripts/trl_tests.py DIR [FILE ...] [--keep WORKDIR] [-- PYTEST_ARGS]
+
+DIR holds TRL test files as fetched from TRL's repository (v1.16), with their layout (`test_grpo_trainer.py`,
+`experimental/test_grpo_with_replay_buffer_trainer.py`, ...); FILE (default: every `test_*.py` under DIR) picks some.
+Nothing of TRL is part of replayrl: the files are read from DIR, rewritten into a temporary package and run there.
+
+The rewrite changes only what ties a file to TRL's repository and the hub, never an assertion:
+  - imports: `trl` -> `replayrl` (same public names), `trl.import_utils` and `.testing_utils` -> a local stand-in
+    (`scripts/trl_tests_shim.py`: `TrlTestCase` with pytest's tmp dir, the `require_*` skips, `local_dataset`);
+  - TRL's hub test models `trl-internal-testing/tiny-...` -> tiny models built here from configs (random weights,
+    replayrl's character tokenizer, `replayrl.models.tiny`), saved under the work dir; names with no local
+    stand-in (vision-language models) are left as they are, and their tests fail offline;
+  - `load_dataset("trl-internal-testing/zen", ...)` -> local rows with the same columns (PEP 20 prompts).
+The counts are pytest's, read from its JUnit report: passed / failed (+ errors) / skipped (xfail counted apart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SHIM = Path(__file__).resolve().parent / "trl_tests_shim.py"
+PACKAGE = "trl_tests"  # the temporary package the rewritten files live in (relative imports keep working)
+HUB_MODEL = re.compile(r"""(["'])trl-internal-testing/(tiny-[A-Za-z0-9_.\-]+)\1""")
+SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+MOE = dict(num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+NEMOTRON_H = dict(head_dim=8, mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=8, n_groups=1, n_routed_experts=4)
+NEMOTRON_H.update(moe_intermediate_size=32, moe_shared_expert_intermediate_size=32, use_mamba_kernels=False)
+# Hub name -> (model_type, head, extra config). Qwen2 goes through replayrl.models.tiny; the others from configs.
+LOCAL_MODELS = {
+    "tiny-Qwen2ForCausalLM-2.5": ("qwen2", "causal", {}),
+    "tiny-Qwen2ForSequenceClassification-2.5": ("qwen2", "classifier", {}),
+    "tiny-Qwen3ForCausalLM": ("qwen3", "causal", {"tie_word_embeddings": False, "head_dim": 8}),
+    "tiny-Qwen3ForSequenceClassification": ("qwen3", "classifier", {"head_dim": 8}),
+    "tiny-Qwen3MoeForCausalLM": ("qwen3_moe", "causal", {"head_dim": 8, **MOE}),
+    "tiny-Gemma2ForCausalLM": ("gemma2", "causal", {"tie_word_embeddings": True, "head_dim": 8}),
+    "tiny-LlamaForCausalLM-3.2": ("llama", "causal", {}),
+    "tiny-LlamaForSequenceClassification-3.2": ("llama", "classifier", {}),
+    "tiny-MistralForCausalLM-0.2": ("mistral", "causal", {}),
+    "tiny-Cohere2ForCausalLM": ("cohere2", "causal", {}),
+    "tiny-GptOssForCausalLM": ("gpt_oss", "causal", {"head_dim": 8, **MOE}),
+    "tiny-Glm4MoeForCausalLM": ("glm4_moe", "causal", {"head_dim": 8, "first_k_dense_replace": 1, **MOE}),
+    "tiny-NemotronHForCausalLM-nano": ("nemotron_h", "causal", NEMOTRON_H),
+    "tiny-RemoteForCausalLM": ("remote", "causal", {}),
+}
+EXTRA_TOKENS = {"llama": ["<|finetune_right_pad_id|>"]}  # pad token TRL's Llama reward-model test sets by name
+
+
+def build_local_model(name: str, out: Path) -> str | None:
+    """Save the local stand-in for hub model `name` under `out`; its path, or None when there is none."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from replayrl.models import tiny
+
+    if name not in LOCAL_MODELS:
+        return None
+    model_type, head, extra = LOCAL_MODELS[name]
+    path = out / name
+    tokenizer = tiny.build_tokenizer()
+    if EXTRA_TOKENS.get(model_type):
+        tokenizer.add_special_tokens({"additional_special_tokens": EXTRA_TOKENS[model_type]})
+    if model_type == "remote":
+        return _build_remote_model(path, tokenizer)
+    ids = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    ids["bos_token_id"] = tokenizer.eos_token_id
+    sizes = {**SIZES, **extra}
+    config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), max_position_embeddings=512, **sizes)
+    for key, value in ids.items():
+        setattr(config, key, value)
+    if head == "classifier":
+        config.num_labels = 1
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        cls = AutoModelForSequenceClassification if head == "classifier" else AutoModelForCausalLM
+        model = cls.from_config(config)
+    if head == "causal":
+        model.generation_config.update(**ids)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+REMOTE_CONFIG = """from transformers import Qwen2Config
+
+
+class RemoteConfig(Qwen2Config):
+    model_type = "remote"
+"""
+REMOTE_MODEL = """from transformers import Qwen2ForCausalLM
+
+from .configuration_remote import RemoteConfig
+
+
+class RemoteForCausalLM(Qwen2ForCausalLM):
+    config_class = RemoteConfig
+"""
+
+
+def _build_remote_model(path: Path, tokenizer) -> str:
+    """A model whose code ships with the checkpoint (`auto_map`): loadable only with trust_remote_code=True."""
+    from replayrl.models import tiny
+
+    tiny.build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    (path / "configuration_remote.py").write_text(REMOTE_CONFIG)
+    (path / "modeling_remote.py").write_text(REMOTE_MODEL)
+    config = json.loads((path / "config.json").read_text())
+    config.update(model_type="remote", architectures=["RemoteForCausalLM"])
+    config["auto_map"] = {
+        "AutoConfig": "configuration_remote.RemoteConfig",
+        "AutoModelForCausalLM": "modeling_remote.RemoteForCausalLM",
+    }
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return str(path)
+
+
+IMPORT_RULES = [
+    (re.compile(r"^from trl\.import_utils import", re.M), f"from {PACKAGE}.testing_utils import"),
+    (re.compile(r"^from trl\.experimental\.", re.M), "from replayrl.experimental."),
+    (re.compile(r"^from trl import", re.M), "from replayrl import"),
+    (re.compile(r"^import trl$", re.M), "import replayrl as trl"),
+    (re.compile(r"\bload_dataset\("), "local_dataset("),
+]
+
+
+def rewrite(source: str, models: dict[str, str]) -> str:
+    """TRL's test file `source` with replayrl's imports, local models and local datasets (see the module doc)."""
+    for pattern, replacement in IMPORT_RULES:
+        source = pattern.sub(replacement, source)
+    source = HUB_MODEL.sub(lambda m: repr(models[m.group(2)]) if m.group(2) in models else m.group(0), source)
+    # `local_dataset` comes from the shim; the import goes after the module's first import statement.
+    first_import = re.search(r"^(import|from) ", source, re.M)
+    at = first_import.start() if first_import else 0
+    return source[:at] + f"from {PACKAGE}.testing_utils import local_dataset\n" + source[at:]
+
+
+def prepare(source_dir: Path, files: list[Path], work: Path) -> Path:
+    """Build the local models the files name and write the rewritten package; returns the package dir."""
+    package = work / PACKAGE
+    package.mkdir(parents=True)
+    shutil.copy(SHIM, package / "testing_utils.py")
+    texts = {f: (source_dir / f).read_text() for f in files}
+    names = sorted({m.group(2) for text in texts.values() for m in HUB_MODEL.finditer(text)})
+    models = {}
+    for name in names:
+        path = _try_build(name, work / "models")
+        if path:
+            models[name] = path
+    print(f"local models: {len(models)} built, missing: {sorted(set(names) - set(models))}", flush=True)
+    for f, text in texts.items():
+        target = package / f
+        target.parent.mkdir(parents=True, exist_ok=True)
+        for parent in [target.parent, *target.parent.parents]:
+            if parent == work:
+                break
+            (parent / "__init__.py").touch()
+        target.write_text(rewrite(text, models))
+    (work / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow\n    low_priority\n")
+    return package
+
+
+def _try_build(name: str, out: Path) -> str | None:
+    try:
+        return build_local_model(name, out)
+    except Exception as exc:  # a config this transformers version cannot build: its tests fail, reported below
+        print(f"cannot build a local {name}: {type(exc).__name__}: {exc}", flush=True)
+        return None
+
+
+def run_pytest(work: Path, package: Path, pytest_args: list[str]) -> Path:
+    report = work / "report.xml"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(work)]), "HF_HUB_OFFLINE": "1"}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    cmd = [sys.executable, "-m", "pytest", str(package), "-c", str(work / "pytest.ini"), "--rootdir", str(work)]
+    cmd += ["-p", "no:cacheprovider", "-q", "-rfE", f"--junitxml={report}", *pytest_args]
+    subprocess.run(cmd, cwd=work, env=env, check=False)
+    return report
+
+
+def summarize(report: Path) -> dict[str, dict[str, int]]:
+    """Per test file: passed / failed / errors / skipped / xfailed / xpassed, from pytest's JUnit report."""
+    counts: dict[str, Counter] = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        module = case.get("classname", "").split(".")
+        name = next((part for part in module if part.startswith("test_")), "?")
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome = "failed" if child.tag == "failure" else "errors"
+            elif child.tag == "skipped":
+                outcome = "xfailed" if child.get("type") == "pytest.xfail" else "skipped"
+        if outcome == "passed" and any(p.get("name") == "xfail" for p in case.iter("property")):
+            outcome = "xpassed"
+        counts.setdefault(name, Counter())[outcome] += 1
+    return {name: dict(c) for name, c in counts.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    pytest_args = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dir", type=Path, help="directory holding TRL's test files (TRL's tests/ layout)")
+    parser.add_argument("files", nargs="*", type=Path, help="test files relative to DIR (default: all test_*.py)")
+    parser.add_argument("--keep", type=Path, help="write the rewritten package here and keep it")
+    args = parser.parse_args(argv)
+    source_dir = args.dir.resolve()
+    if not source_dir.is_dir():
+        raise SystemExit(f"{source_dir} is not a directory: pass the folder holding TRL's test files")
+    files = args.files or sorted(p.relative_to(source_dir) for p in source_dir.rglob("test_*.py"))
+    if not files:
+        raise SystemExit(f"no test_*.py files under {source_dir}")
+    work = args.keep.resolve() if args.keep else Path(tempfile.mkdtemp(prefix="replayrl-trl-tests-"))
+    if args.keep and work.exists():
+        shutil.rmtree(work)
+    package = prepare(source_dir, files, work)
+    summary = summarize(run_pytest(work, package, pytest_args))
+    for name, counts in sorted(summary.items()):
+        total = sum(counts.values())
+        print(f"{name}: {total} tests: " + ", ".join(f"{counts.get(k, 0)} {k}" for k in _OUTCOMES))
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+_OUTCOMES = ("passed", "failed", "errors", "skipped", "xfailed", "xpassed")
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Stand-in for TRL's `tests/testing_utils.py` when TRL's test files run against replayrl (`scripts/trl_tests.py`).
+
+`trl_tests.py` copies this file into the temporary test package as `testing_utils.py`; the rewritten test files
+import `TrlTestCase`, the `require_*` decorators and `local_dataset` from it. Written for replayrl: nothing of TRL's
+file is copied. The `require_*` decorators skip exactly when TRL's do (the optional package, or the accelerator, is
+missing); `TrlTestCase.tmp_dir` is pytest's `tmp_path`; `local_dataset` serves TRL's small hub datasets
+(`trl-internal-testing/zen`) from local rows with the same columns.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+from datasets import Dataset, DatasetDict
+
+# The first words of the lines of PEP 20, as TRL's `zen` dataset uses them: 17 train prompts, 2 test prompts.
+ZEN_PROMPTS = [
+    "Beautiful is better than",
+    "Explicit is",
+    "Simple is better",
+    "Complex",
+    "Flat is better than",
+    "Sparse is better",
+    "Readability",
+    "Special cases aren't special",
+    "Although practicality beats",
+    "Errors should never",
+    "Unless explicitly",
+    "In the face of ambiguity, refuse",
+    "There should be one-- and preferably",
+    "Although that way may not be obvious",
+    "Now is better",
+    "Although never is often better than",
+    "If the implementation is hard to explain,",
+    "If the implementation is easy to explain, it",
+    "Namespaces are one honking great",
+]
+_SPLITS = {"train": ZEN_PROMPTS[:17], "test": ZEN_PROMPTS[17:]}
+
+
+def _zen_split(config_name: str, split: str) -> Dataset:
+    prompts = _SPLITS[split]
+    if config_name == "standard_prompt_only":
+        return Dataset.from_dict({"prompt": prompts})
+    if config_name == "conversational_prompt_only":
+        return Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in prompts]})
+    raise FileNotFoundError(f"no local stand-in for trl-internal-testing/zen config {config_name!r}")
+
+
+def local_dataset(path: str, name: str | None = None, split: str | None = None, streaming: bool = False, **kwargs):
+    """`datasets.load_dataset` for TRL's test datasets, served locally (same columns, PEP 20 prompts)."""
+    if path != "trl-internal-testing/zen":
+        raise FileNotFoundError(f"no local stand-in for the hub dataset {path!r} (replayrl has no vision datasets)")
+    if split is None:
+        out = DatasetDict({s: _zen_split(name, s) for s in _SPLITS})
+        return out if not streaming else {s: d.to_iterable_dataset() for s, d in out.items()}
+    dataset = _zen_split(name, split)
+    return dataset.to_iterable_dataset() if streaming else dataset
+
+
+class TrlTestCase:
+    """Gives each test `self.tmp_dir` (pytest's tmp_path) and runs it from there, as TRL's base class does."""
+
+    @pytest.fixture(autouse=True)
+    def _trl_tmp_dir(self, tmp_path, monkeypatch):
+        self.tmp_dir = str(tmp_path)
+        monkeypatch.chdir(tmp_path)
+
+
+def _available(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
+def is_liger_kernel_available(min_version: str | None = None) -> bool:
+    if not _available("liger_kernel"):
+        return False
+    if min_version is None:
+        return True
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return Version(version("liger_kernel")) >= Version(min_version)
+
+
+def is_ampere_or_newer() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
+
+
+def _require(condition: bool, reason: str):
+    return pytest.mark.skipif(not condition, reason=reason)
+
+
+require_peft = _require(_available("peft"), "test requires peft")
+require_bitsandbytes = _require(_available("bitsandbytes"), "test requires bitsandbytes")
+require_jmespath = _require(_available("jmespath"), "test requires jmespath")
+require_kernels = _require(_available("kernels"), "test requires kernels")
+require_liger_kernel = _require(is_liger_kernel_available(), "test requires liger-kernel")
+require_vllm = _require(_available("vllm"), "test requires vllm")
+require_vision = _require(_available("PIL"), "test requires Pillow")
+require_torch_accelerator = _require(torch.cuda.is_available(), "test requires an accelerator")
+require_ampere_or_newer = _require(is_ampere_or_newer(), "test requires an Ampere or newer GPU")
+require_torch_multi_accelerator = _require(torch.cuda.device_count() > 1, "test requires several accelerators")
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
