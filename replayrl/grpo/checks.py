@@ -21,7 +21,7 @@ def check_datasets(args, train_dataset, eval_dataset, reward_funcs, needs_prompt
             "a split, e.g. train_dataset=dataset['train']."
         )
     prepare_streaming_datasets(args, train_dataset, eval_dataset)
-    if train_dataset is None:  # allowed until train() (TRL: a trainer for its methods, or for evaluation only)
+    if train_dataset is None:  # only a subclass's own checks get here (GRPOTrainer refuses it, as TRL 1.16)
         return _check_eval(args, eval_dataset, reward_funcs, set(), needs_prompt)
     _check_prompts("train_dataset", train_dataset, needs_prompt)
     _check_required_columns("train_dataset", train_dataset, reward_funcs.columns_required())

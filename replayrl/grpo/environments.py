@@ -182,8 +182,13 @@ def _as_list(value) -> list:
 def environment_dataset(envs: Environments | None, train_dataset, args):
     """The training data: the given dataset, or, when the environment owns the data, TRL's placeholder of empty
     prompts (one generation batch of rows, cycled), after TRL's checks."""
-    if train_dataset is not None or envs is None:
+    if train_dataset is not None:
         return train_dataset
+    if envs is None:  # TRL 1.16 refuses this at construction too
+        raise ValueError(
+            "`train_dataset` is required unless an `environment_factory` is provided: pass train_dataset=<a Dataset "
+            "or IterableDataset with a 'prompt' column>."
+        )
     if envs.multi:
         raise ValueError(
             "A `dict` `environment_factory` (multiple environments) requires a `train_dataset` with an "

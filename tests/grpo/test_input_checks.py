@@ -27,9 +27,8 @@ def build(model, tokenizer, tmp_path, train, evaluation=None, funcs=reward, **ov
 
 
 def test_missing_or_empty_train_dataset_is_refused(model, tokenizer, tmp_path):
-    trainer = build(model, tokenizer, tmp_path, None)  # allowed, as in TRL (its methods, evaluation)
-    with pytest.raises(ValueError, match="train_dataset is required to train"):
-        trainer.train()
+    with pytest.raises(ValueError, match="`train_dataset` is required unless an `environment_factory`"):
+        build(model, tokenizer, tmp_path, None)  # as TRL 1.16, at construction
     with pytest.raises(ValueError, match="train_dataset is empty"):
         build(model, tokenizer, tmp_path, Dataset.from_dict({"prompt": []}))
 
