@@ -179,10 +179,11 @@ def _as_list(value) -> list:
     return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def environment_dataset(envs: Environments | None, train_dataset, args):
+def environment_dataset(envs: Environments | None, train_dataset, args, optional: bool = False):
     """The training data: the given dataset, or, when the environment owns the data, TRL's placeholder of empty
-    prompts (one generation batch of rows, cycled), after TRL's checks."""
-    if train_dataset is not None:
+    prompts (one generation batch of rows, cycled), after TRL's checks. `optional`: a trainer that may be built
+    without data (then `train()` refuses)."""
+    if train_dataset is not None or (envs is None and optional):
         return train_dataset
     if envs is None:  # TRL 1.16 refuses this at construction too
         raise ValueError(

@@ -70,6 +70,8 @@ class GRPOTrainer(
     """TRL-compatible GRPO trainer. Arguments as TRL 1.16's `GRPOTrainer` (docs/grpo.md)."""
 
     _tag_names = ["trl", "grpo", "replayrl"]
+    # TRL 1.16 refuses train_dataset=None at construction (unless an environment owns the data)
+    _train_dataset_optional = False
 
     def __init__(
         self,
@@ -101,7 +103,7 @@ class GRPOTrainer(
             self._env, reward_funcs, reward_processing_classes, args.reward_weights
         )
         self.reward_funcs = RewardFunctions(reward_funcs, reward_processing_classes, weights, reward_kwargs)
-        train_dataset = environment_dataset(self._env, train_dataset, args)
+        train_dataset = environment_dataset(self._env, train_dataset, args, self._train_dataset_optional)
         check_datasets(args, train_dataset, eval_dataset, self.reward_funcs, self._env is None, rollout_func is None)
         self.tools, self._tools = list(tools or []), tools_by_name(tools)  # functions the model may call
         if self._env is not None:  # TRL: every environment's methods are tools too
