@@ -155,14 +155,14 @@ def _is_token_ids(key: str, value) -> bool:
 
 
 def page_in(trainer) -> None:
-    """Read every weight of the policy and of a reference model once before `train()`: `from_pretrained` may leave
-    them memory-mapped from the safetensors file, so they would enter the RSS during `train()` on one side (TRL
-    loads its DPO reference from the path) and before it on the other (replayrl copies the policy). Counted on
+    """Read every weight of the policy and of a reference or teacher model once before `train()`: `from_pretrained`
+    may leave them memory-mapped from the safetensors file, so they would enter the RSS during `train()` on one side
+    (TRL loads its DPO reference from the path) and before it on the other (replayrl copies the policy). Counted on
     neither side this way."""
     import torch
 
     with torch.no_grad():
-        for name in ("model", "ref_model"):
+        for name in ("model", "ref_model", "teacher_model"):
             model = getattr(trainer, name, None)
             if isinstance(model, torch.nn.Module):
                 for tensor in [*model.parameters(), *model.buffers()]:
