@@ -169,6 +169,17 @@ def page_in(trainer) -> None:
                     tensor.float().sum()
 
 
+def measured_train(trainer, cuda: bool) -> dict:
+    """`page_in`, then `trainer.train()` under the memory probe: the probe's figures plus `working_set_mib`, the
+    memory `train()` used above its start."""
+    page_in(trainer)
+    memory = Memory(cuda)
+    memory.start()
+    trainer.train()
+    mem = memory.stop()
+    return {**mem, "working_set_mib": mem["peak_mib"] - mem["base_mib"]}
+
+
 def main() -> None:
     args = parse()
     import torch
@@ -192,16 +203,12 @@ def main() -> None:
             ends.append(time.perf_counter())
 
     trainer.add_callback(Clock())
-    page_in(trainer)
-    memory = Memory(cuda)
-    memory.start()
-    trainer.train()
-    mem = memory.stop()
+    mem = measured_train(trainer, cuda)
     steps = [b - a for a, b in zip(ends, ends[1:])][args.warmup :]
     tokens = [fixed_tokens] * len(steps) if fixed_tokens else count[args.warmup : args.warmup + len(steps)]
     loss = next((r["loss"] for r in trainer.state.log_history if "loss" in r), None)
     result = {"impl": args.impl, "trainer": args.trainer, "steps": steps, "tokens_per_step": tokens, "loss": loss}
-    result.update(mem, working_set_mib=mem["peak_mib"] - mem["base_mib"])
+    result.update(mem)
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -28,15 +28,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import BENCH_DIR, median, print_table, ratio, remove_scratch, write_results  # noqa: E402
+from scale import run_worker  # noqa: E402
 
 SHAPE = dict(hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=1024)
 VOCABS = (32_768, 151_936)
@@ -75,19 +74,6 @@ def make_data(work: Path, trainer: str) -> Path:
     return path
 
 
-def run_worker(python: str, args: list[str], log: Path) -> dict:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    env.pop("PYTHONPATH", None)  # the TRL venv must not see the main environment's packages
-    worker = str(BENCH_DIR / "trainers_worker.py")
-    proc = subprocess.run([python, worker, *args], capture_output=True, text=True, env=env, timeout=1800)
-    log.write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT ") :])
-    raise RuntimeError(f"worker failed (rc={proc.returncode}), log {log}:\n" + proc.stderr[-3000:])
-
-
 def summarize(vocab: int, per_side: dict[str, list[dict]]) -> dict:
     row: dict = {"vocab": vocab}
     for impl, results in per_side.items():
@@ -111,7 +97,8 @@ def measure(opts, work: Path, vocab: int, timing: dict, runs: list[dict]) -> dic
     per_side: dict[str, list[dict]] = {"replayrl": [], "trl": []}
     for r in range(opts.rounds):
         for impl in ["replayrl", "trl"] if r % 2 == 0 else ["trl", "replayrl"]:
-            result = run_worker(sides[impl], ["--impl", impl, *flags], work / f"{vocab}-{impl}-{r}.log")
+            log = work / f"{vocab}-{impl}-{r}.log"
+            result = run_worker(sides[impl], ["--impl", impl, *flags], log, worker="trainers_worker.py")
             result.update(vocab=vocab, round=r)
             per_side[impl].append(result)
             runs.append(result)

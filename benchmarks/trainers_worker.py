@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -23,7 +24,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
 from common import make_random_reward  # noqa: E402
-from scale_worker import COMMON, Memory, library, page_in  # noqa: E402
+from scale_worker import COMMON, library, measured_train  # noqa: E402
 
 # Every setting that either library's defaults could change, spelled out for both (on top of scale_worker.COMMON:
 # constant lr, max_grad_norm 1, no gradient checkpointing, seed 0, logging every step, no saving).
@@ -95,17 +96,14 @@ def main() -> None:
             ends.append((time.perf_counter(), time.process_time()))
 
     trainer.add_callback(Clock())
-    page_in(trainer)
-    memory = Memory(cuda)
-    memory.start()
-    trainer.train()
-    mem = memory.stop()
+    mem = measured_train(trainer, cuda)
     pairs = list(zip(ends, ends[1:]))[args.warmup :]
     logs = [r for r in trainer.state.log_history if "loss" in r]
     result = {"impl": args.impl, "trainer": args.trainer, "first_log": logs[0], "last_log": logs[-1]}
     result.update(steps=[b[0] - a[0] for a, b in pairs], cpu_steps=[b[1] - a[1] for a, b in pairs])
-    result.update(mem, working_set_mib=mem["peak_mib"] - mem["base_mib"])
+    result.update(mem)
     print("RESULT " + json.dumps(result), flush=True)
+    shutil.rmtree(trainer.args.output_dir, ignore_errors=True)  # metrics.jsonl of the run
 
 
 if __name__ == "__main__":
