@@ -21,7 +21,7 @@ from transformers import PreTrainedModel, Trainer, TrainerCallback
 
 from replayrl.accumulation import OwnLossScalingMixin
 from replayrl.algos.distillation import chunked_generalized_jsd
-from replayrl.algos.logprobs import DEFAULT_CHUNK_BYTES, default_chunk_size
+from replayrl.algos.logprobs import default_chunk_size
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.prompts import prompts_to_text, tokenize_prompts
 from replayrl.distillation.config import DistillationConfig
@@ -92,11 +92,7 @@ class DistillationTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetrics
         unwrapped = self.accelerator.unwrap_model(self.model)
         self.generator = build_backend(args, unwrapped, processing_class, self.generation_config)
         self._synced_step: int | None = None  # optimizer step whose weights the generator has
-        # A JSD chunk holds ~4x the (c, V) float32 tensors of a log-prob chunk (both models' logits, log-softmaxes,
-        # probabilities, their gradients): a quarter of the byte budget. Measured at V=152k (256 positions, forward +
-        # backward): 55 positions per chunk peaked at +1.1 GB RSS, 14 at +0.6 GB (TRL's tiled kernel +0.7 GB).
-        vocab = unwrapped.config.get_text_config().vocab_size
-        self._chunk = default_chunk_size(vocab, DEFAULT_CHUNK_BYTES // 4)
+        self._chunk = default_chunk_size(unwrapped.config.get_text_config().vocab_size)
         self._last_completions: list[tuple[str, str]] = []
         self._init_metrics()
         attach_metrics_file(self)
