@@ -3,13 +3,15 @@ GRPO with and without the replay buffer, over several seeds.
 
     python benchmarks/sample_efficiency.py            # 3 seeds x {GRPO, GRPO + replay}, the default job's steps
     python benchmarks/sample_efficiency.py --quick    # smoke run: 1 seed, 20 steps
+    python benchmarks/sample_efficiency.py --arms grpo rloo --steps 200 --output rloo_vs_grpo   # RLOO next to GRPO
 
 Task: `replayrl.tasks.addition` (the built-in default job): single-digit addition "a+b=" (80 training prompts, 20
 held out), 0/1 exact-match reward, a tiny Qwen2 warmed up on a noisy teacher so that it starts right about a
 quarter of the time. Both arms use the same seeds, the same warmed-up model per seed and the job's GRPO settings
 (`default_task.DEFAULT_CONFIG`, its own evaluation and checkpointing switched off); the replay arm keeps the job's
 replay buffer, the plain arm is `GRPOTrainer`. Replay does not change how many completions a step generates, so
-the x axis is optimizer steps times the completions generated per step.
+the x axis is optimizer steps times the completions generated per step. The `rloo` arm is `RLOOTrainer` with the same
+settings (those of `replayrl rloo`'s built-in job: beta 0.05, in the reward as TRL's RLOO, no replay buffer).
 
 Per step we record the training reward (mean over the freshly generated completions = their success rate), the
 fraction of zero-std groups in the generated batch, and the fraction of zero-std groups actually trained on (after
@@ -41,6 +43,7 @@ ARM_SETTINGS: dict[str, dict | None] = {
     "replay_mix_tis": {**_SEED, "replay_strategy": "mix", "replay_importance_cap": 2.0},
     "replay_fresh_tis": {"replay_importance_cap": 2.0, "replay_max_age": 4, "replay_max_reuse": 2},
     "replay_mix_group_tis": {**_SEED, "replay_strategy": "mix_then_group", "replay_importance_cap": 2.0},
+    "rloo": None,  # RLOOTrainer (no replay buffer), `replayrl rloo`'s settings: the job's, beta 0.05 in the reward
 }
 ARMS = tuple(ARM_SETTINGS)
 
@@ -74,7 +77,12 @@ def run_arm(arm: str, seed: int, base_model, tokenizer, steps: int, eval_every: 
     settings.update(max_steps=steps, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True)
     settings.update(seed=seed, output_dir=output_dir, use_cpu=True)
     replay = {k: settings.pop(k) for k in list(settings) if k.startswith("replay_")}
-    if ARM_SETTINGS[arm] is not None:
+    if arm == "rloo":
+        from replayrl import RLOOConfig, RLOOTrainer
+
+        settings.update(beta=0.05, bf16=False, gradient_checkpointing=False)  # RLOOConfig: TRL's bf16/GC defaults
+        config, cls = RLOOConfig(**settings), RLOOTrainer
+    elif ARM_SETTINGS[arm] is not None:
         replay.update(ARM_SETTINGS[arm])
         config, cls = GRPOWithReplayBufferConfig(**settings, **replay), GRPOWithReplayBufferTrainer
     else:
@@ -190,11 +198,13 @@ def plot(runs: list[dict], path: Path, window: int) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     colours = {"grpo": "tab:blue", "replay": "tab:orange", "replay_tis": "tab:green", "replay_mix_tis": "tab:red"}
     colours.update(replay_fresh_tis="tab:purple", default="tab:brown", replay_mix_group_tis="tab:pink")
+    colours["rloo"] = "tab:olive"
     labels = {"grpo": "GRPO", "replay": "GRPO + replay buffer", "replay_tis": "replay, importance cap 2"}
     labels["replay_mix_tis"] = "replay mix, importance cap 2"
     labels["replay_fresh_tis"] = "replay, cap 2, max age 4, max reuse 2"
     labels["default"] = "replay, current defaults"
     labels["replay_mix_group_tis"] = "replay mix_then_group, cap 2"
+    labels["rloo"] = "RLOO (leave-one-out baseline)"
     for arm in ARMS:
         arm_runs = [r for r in runs if r["arm"] == arm]
         if not arm_runs:

@@ -83,11 +83,12 @@ def make_assets(work: Path, shape: dict, sft_length: int) -> tuple[Path, dict[st
     return model_dir, paths
 
 
-def run_worker(python: str, args: list[str], log: Path) -> dict:
+def run_worker(python: str, args: list[str], log: Path, worker: str = "scale_worker.py") -> dict:
+    """Run `worker` (a script beside this one) under `python`, one thread, offline; its `RESULT {json}` line."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run([python, str(BENCH_DIR / "scale_worker.py"), *args], capture_output=True, text=True, env=env)
+    proc = subprocess.run([python, str(BENCH_DIR / worker), *args], capture_output=True, text=True, env=env)
     log.write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):

@@ -155,18 +155,29 @@ def _is_token_ids(key: str, value) -> bool:
 
 
 def page_in(trainer) -> None:
-    """Read every weight of the policy and of a reference model once before `train()`: `from_pretrained` may leave
-    them memory-mapped from the safetensors file, so they would enter the RSS during `train()` on one side (TRL
-    loads its DPO reference from the path) and before it on the other (replayrl copies the policy). Counted on
+    """Read every weight of the policy and of a reference or teacher model once before `train()`: `from_pretrained`
+    may leave them memory-mapped from the safetensors file, so they would enter the RSS during `train()` on one side
+    (TRL loads its DPO reference from the path) and before it on the other (replayrl copies the policy). Counted on
     neither side this way."""
     import torch
 
     with torch.no_grad():
-        for name in ("model", "ref_model"):
+        for name in ("model", "ref_model", "teacher_model"):
             model = getattr(trainer, name, None)
             if isinstance(model, torch.nn.Module):
                 for tensor in [*model.parameters(), *model.buffers()]:
                     tensor.float().sum()
+
+
+def measured_train(trainer, cuda: bool) -> dict:
+    """`page_in`, then `trainer.train()` under the memory probe: the probe's figures plus `working_set_mib`, the
+    memory `train()` used above its start."""
+    page_in(trainer)
+    memory = Memory(cuda)
+    memory.start()
+    trainer.train()
+    mem = memory.stop()
+    return {**mem, "working_set_mib": mem["peak_mib"] - mem["base_mib"]}
 
 
 def main() -> None:
@@ -192,16 +203,12 @@ def main() -> None:
             ends.append(time.perf_counter())
 
     trainer.add_callback(Clock())
-    page_in(trainer)
-    memory = Memory(cuda)
-    memory.start()
-    trainer.train()
-    mem = memory.stop()
+    mem = measured_train(trainer, cuda)
     steps = [b - a for a, b in zip(ends, ends[1:])][args.warmup :]
     tokens = [fixed_tokens] * len(steps) if fixed_tokens else count[args.warmup : args.warmup + len(steps)]
     loss = next((r["loss"] for r in trainer.state.log_history if "loss" in r), None)
     result = {"impl": args.impl, "trainer": args.trainer, "steps": steps, "tokens_per_step": tokens, "loss": loss}
-    result.update(mem, working_set_mib=mem["peak_mib"] - mem["base_mib"])
+    result.update(mem)
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -1,7 +1,8 @@
 """`DistillationConfig`: TRL 1.16's `DistillationConfig`, every field with TRL's default, on TrainingArguments.
 
-Refused with the reason (not wired to replayrl's DistillationTrainer): `use_vllm=True` (and so the `vllm_*`
-options' effect), `max_tool_calling_iterations`, `log_unique_prompts`; `teacher_model_revision` (no hub here).
+`use_vllm=True` generates with replayrl's vLLM backends (colocate or a `replayrl vllm-serve` server, docs/vllm.md),
+as GRPO does. Refused with the reason: `max_tool_calling_iterations`, `log_unique_prompts`;
+`teacher_model_revision` (no hub here).
 """
 
 from __future__ import annotations
@@ -64,19 +65,23 @@ class DistillationConfig(TRLBaseArguments):
     )
     repetition_penalty: float = field(default=1.0, metadata=_help("Repetition penalty (>1 discourages repeats)."))
     cache_implementation: str | None = field(default=None, metadata=_help("KV-cache implementation for generate."))
-    use_vllm: bool = field(default=False, metadata=_help("Generate with vLLM (not wired here: refused)."))
-    vllm_mode: str = field(default="colocate", metadata=_help("vLLM mode (unused: use_vllm is refused)."))
-    vllm_model_impl: str = field(default="vllm", metadata=_help("vLLM model implementation (unused)."))
-    vllm_enable_sleep_mode: bool = field(default=False, metadata=_help("vLLM sleep mode (unused)."))
-    vllm_structured_outputs_regex: str | None = field(default=None, metadata=_help("vLLM regex (unused)."))
-    vllm_server_base_url: str | None = field(default=None, metadata=_help("vLLM server URL (unused)."))
-    vllm_server_host: str = field(default="0.0.0.0", metadata=_help("vLLM server host (unused)."))
-    vllm_server_port: int = field(default=8000, metadata=_help("vLLM server port (unused)."))
-    vllm_server_timeout: float = field(default=240.0, metadata=_help("vLLM server timeout (unused)."))
-    vllm_group_port: int = field(default=51216, metadata=_help("vLLM NCCL group port (unused)."))
-    vllm_gpu_memory_utilization: float = field(default=0.3, metadata=_help("vLLM GPU memory share (unused)."))
-    vllm_max_model_length: int | None = field(default=None, metadata=_help("vLLM context length (unused)."))
-    vllm_tensor_parallel_size: int = field(default=1, metadata=_help("vLLM tensor parallel size (unused)."))
+    use_vllm: bool = field(default=False, metadata=_help("Generate with vLLM (`pip install replayrl[vllm]`)."))
+    vllm_mode: str = field(
+        default="colocate", metadata=_help("'colocate' (in-process engine) or 'server' (`replayrl vllm-serve`).")
+    )
+    vllm_model_impl: str = field(default="vllm", metadata=_help("Model implementation: 'vllm' or 'transformers'."))
+    vllm_enable_sleep_mode: bool = field(default=False, metadata=_help("Colocate on a GPU: offload between steps."))
+    vllm_structured_outputs_regex: str | None = field(default=None, metadata=_help("vLLM regex (not supported)."))
+    vllm_server_base_url: str | None = field(default=None, metadata=_help("Server URL (overrides host and port)."))
+    vllm_server_host: str = field(default="0.0.0.0", metadata=_help("Server host (0.0.0.0: this machine)."))
+    vllm_server_port: int = field(default=8000, metadata=_help("Server port."))
+    vllm_server_timeout: float = field(default=240.0, metadata=_help("Seconds to wait for the server to be up."))
+    vllm_group_port: int = field(default=51216, metadata=_help("NCCL group port (unused: weights go by folder)."))
+    vllm_gpu_memory_utilization: float = field(default=0.3, metadata=_help("Colocate: the engine's memory share."))
+    vllm_max_model_length: int | None = field(
+        default=None, metadata=_help("Colocate: the engine's context length (None: the model's context length).")
+    )
+    vllm_tensor_parallel_size: int = field(default=1, metadata=_help("Colocate: tensor parallel size."))
     # Loss
     beta: float = field(
         default=1.0, metadata=_help("Divergence: 0 forward KL(teacher||student), 1 reverse KL, between: JSD.")
@@ -93,7 +98,6 @@ class DistillationConfig(TRLBaseArguments):
             setattr(self, name, _json(getattr(self, name)))
         super().__post_init__()
         refusals = [
-            (self.use_vllm, "use_vllm=True: vLLM generation is not wired to replayrl's DistillationTrainer yet"),
             (self.max_tool_calling_iterations is not None, "max_tool_calling_iterations: no tool calling here"),
             (self.log_unique_prompts, "log_unique_prompts=True is not implemented here"),
             (self.teacher_model_revision is not None, "teacher_model_revision: replayrl loads no hub revisions"),
@@ -113,3 +117,7 @@ class DistillationConfig(TRLBaseArguments):
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        if self.use_vllm:
+            from replayrl.generation import check_vllm_config
+
+            check_vllm_config(self)

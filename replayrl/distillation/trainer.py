@@ -2,7 +2,8 @@
 
 What runs, per optimizer step:
   1. the step's micro-batches of prompts are fetched together (`get_batch_samples`) and the student samples one
-     completion per prompt for all of them in one call of the generation backend (transformers `generate`);
+     completion per prompt for all of them in one call of the generation backend (transformers `generate`, or vLLM
+     colocate / server with `use_vllm=True`, the weights synced once per optimizer step);
   2. per micro-batch: the student (with gradient) and the teacher (no gradient) score prompt + completion; at each
      completion position the generalised JSD between their next-token distributions (`beta`: 0 forward KL,
      1 reverse KL) is computed chunk by chunk from the hidden states and each model's lm_head
@@ -86,6 +87,7 @@ class DistillationTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetrics
             self.generation_config.update(**args.generation_kwargs)
         unwrapped = self.accelerator.unwrap_model(self.model)
         self.generator = build_backend(args, unwrapped, processing_class, self.generation_config)
+        self._synced_step: int | None = None  # optimizer step whose weights the generator has
         self._chunk = default_chunk_size(unwrapped.config.get_text_config().vocab_size)
         self._last_completions: list[tuple[str, str]] = []
         self._init_metrics()
@@ -147,7 +149,9 @@ class DistillationTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetrics
         device = self.accelerator.device
         texts = prompts_to_text(self.processing_class, [r["prompt"] for r in rows], self.args.chat_template_kwargs)
         prompt_ids, prompt_mask = tokenize_prompts(self.processing_class, texts, None)
-        self.generator.sync_weights(self.accelerator.unwrap_model(self.model))
+        if self._synced_step != self.state.global_step:  # vLLM: once per optimizer step (a no-op for generate)
+            self.generator.sync_weights(self.accelerator.unwrap_model(self.model))
+            self._synced_step = self.state.global_step
         out = self.generator.generate(prompt_ids.to(device), prompt_mask.to(device))
         mode = "train" if self.model.training else "eval"
         lengths = self.accelerator.gather(out.completion_mask.sum(1)).float()

@@ -95,6 +95,20 @@ def sampling_kwargs(args, max_tokens: int) -> dict:
     return kwargs
 
 
+def _default_model_len(args, model_config) -> int:
+    """GRPO: max_prompt_length (512 when None) + max_completion_length. Distillation has no max_prompt_length: the
+    model's context length, as vLLM derives it."""
+    if hasattr(args, "max_prompt_length"):
+        return (args.max_prompt_length or 512) + args.max_completion_length
+    return model_config.get_text_config().max_position_embeddings
+
+
+def _generation_steps(args) -> int:
+    """Micro-batches generated for in one call: GRPO's `steps_per_generation`, else (distillation) the whole
+    optimizer step's."""
+    return getattr(args, "steps_per_generation", None) or args.gradient_accumulation_steps
+
+
 def _set_launcher_env() -> None:
     """`external_launcher` reads torch.distributed's variables; a single-process group of size 1."""
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
@@ -121,7 +135,7 @@ class VLLMColocateBackend:
 
         source, tmp = _model_folder(model, tokenizer)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        max_model_len = args.vllm_max_model_length or (args.max_prompt_length or 512) + args.max_completion_length
+        max_model_len = args.vllm_max_model_length or _default_model_len(args, base.config)
         engine_kwargs = dict(
             model=source,
             dtype=str(base.dtype).removeprefix("torch."),
@@ -132,7 +146,7 @@ class VLLMColocateBackend:
             model_impl=args.vllm_model_impl,
             logprobs_mode="processed_logprobs",
             skip_tokenizer_init=True,  # ids in, ids out
-            max_num_seqs=max(args.per_device_train_batch_size * args.steps_per_generation, 1),
+            max_num_seqs=max(args.per_device_train_batch_size * _generation_steps(args), 1),
         )
         if current_platform.is_cpu():
             check_cpu_head_dim(base.config)

@@ -287,33 +287,15 @@ def _importance_sampling_bounds(args: GRPOConfig) -> None:
 
 
 def _validate_vllm(args: GRPOConfig) -> None:
-    """vLLM options, and vLLM itself (found without importing it: `import vllm` takes tens of seconds)."""
-    import importlib.util
-
+    """GRPO's importance-sampling mode, then the options every vLLM trainer shares (and vLLM being installed)."""
     from replayrl.algos.mismatch import IS_MODES
-    from replayrl.generation.base import VLLM_EXTRA_HINT, MissingExtraError
+    from replayrl.generation import check_vllm_config
 
-    if args.vllm_mode not in ("colocate", "server"):
-        raise ValueError(f"vllm_mode must be 'colocate' or 'server' (got {args.vllm_mode!r}).")
     if args.vllm_importance_sampling_mode not in IS_MODES:
         raise ValueError(
             f"vllm_importance_sampling_mode must be one of {IS_MODES} (got {args.vllm_importance_sampling_mode!r})."
         )
-    if args.vllm_mode == "colocate" and args.world_size > 1:
-        raise ValueError(
-            f"vllm_mode='colocate' runs one in-process engine for a single training process (world_size is "
-            f"{args.world_size}); use vllm_mode='server' with `replayrl vllm-serve`."
-        )
-    for name in ("vllm_guided_decoding_regex", "vllm_structured_outputs_regex"):
-        if getattr(args, name) is not None:
-            raise ValueError(f"{name} is not supported yet (the engine runs without a tokenizer); leave it None.")
-    if args.vllm_group_port != 51216:
-        raise ValueError(
-            f"vllm_group_port={args.vllm_group_port}: replayrl syncs weights to a vLLM server through a shared "
-            "folder, not an NCCL group, so the port is not used; leave it at its default."
-        )
-    if importlib.util.find_spec("vllm") is None:
-        raise MissingExtraError(VLLM_EXTRA_HINT)
+    check_vllm_config(args)
 
 
 def _normalise_scale_rewards(value: str | bool) -> str:

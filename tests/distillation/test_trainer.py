@@ -36,7 +36,7 @@ def test_every_trl_field_with_trl_defaults():
 @pytest.mark.parametrize(
     "overrides, match",
     [
-        ({"use_vllm": True}, "use_vllm=True: vLLM generation is not wired"),
+        ({"use_vllm": True, "vllm_mode": "remote"}, "vllm_mode must be 'colocate' or 'server'"),
         ({"beta": 1.5}, r"beta must be in \[0, 1\]"),
         ({"max_tool_calling_iterations": 2}, "no tool calling"),
     ],
