@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import BENCH_DIR, median, print_table, ratio, remove_scratch, write_results  # noqa: E402
 
-TRL_PYTHON = "/work/venv-trl/bin/python"
+TRL_PYTHON = str(BENCH_DIR / ".venv-trl" / "bin" / "python")  # made by vs_trl.py's ensure_trl_venv
 VOCAB = 151_936
 SHAPES = {
     "gpu": dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864),
@@ -101,8 +101,10 @@ def summarize(trainer: str, per_side: dict[str, list[dict]]) -> dict:
         row[f"{impl}_step_s"] = median(median(r["steps"]) for r in results)
         row[f"{impl}_tok_s"] = median(sum(r["tokens_per_step"]) / sum(r["steps"]) for r in results)
         row[f"{impl}_mem_mib"] = median(r["working_set_mib"] for r in results)
+        row[f"{impl}_floor_mib"] = median(r["optimizer_floor_mib"] for r in results)
     row["step_ratio"] = ratio(row["replayrl_step_s"], row["trl_step_s"])
     row["mem_ratio"] = ratio(row["replayrl_mem_mib"], row["trl_mem_mib"])
+    row["floor_ratio"] = ratio(row["replayrl_floor_mib"], row["trl_mem_mib"])  # the least any faithful trainer holds
     return row
 
 
@@ -140,7 +142,7 @@ def main(argv=None) -> None:
                 )
         rows.append(summarize(trainer, per_side))
     columns = ["trainer", "replayrl_step_s", "trl_step_s", "step_ratio", "replayrl_mem_mib", "trl_mem_mib"]
-    columns += ["mem_ratio", "replayrl_tok_s", "trl_tok_s"]
+    columns += ["mem_ratio", "floor_ratio", "replayrl_tok_s", "trl_tok_s"]
     title = f"\nreplayrl vs TRL at the 152k vocabulary ({device}, {SHAPES[device]}; ratios replayrl / TRL)"
     table = print_table(rows, columns, title=title)
     payload = {"device": device, "shape": SHAPES[device], "vocab_size": VOCAB, "rounds": rounds, "timing": timing}

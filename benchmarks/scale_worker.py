@@ -8,8 +8,9 @@ called: on a GPU `torch.cuda.max_memory_allocated()` (peak statistics reset just
 allocation then; on a CPU the peak resident set size during `train()` minus the RSS just before it, the peak taken
 from the kernel's high-water mark (reset through /proc/self/clear_refs) and, as a cross-check, a thread sampling
 VmRSS every millisecond; the larger of the two is reported. Every weight is read once before `train()`
-(`page_in`), so weights memory-mapped by `from_pretrained` count on neither side. Imports only the standard
-library at module level: it also runs inside the TRL virtualenv, where replayrl is not installed.
+(`page_in`), so weights memory-mapped by `from_pretrained` count on neither side. Also `optimizer_floor_mib`: the
+gradient and AdamW's two moments of the trained weights, which no way of computing the loss can avoid. Imports only
+the standard library at module level: it also runs inside the TRL virtualenv, where replayrl is not installed.
 """
 
 from __future__ import annotations
@@ -169,6 +170,14 @@ def page_in(trainer) -> None:
                     tensor.float().sum()
 
 
+def optimizer_floor_mib(trainer) -> float:
+    """What any trainer that takes this AdamW step holds at its peak however it computes the loss: the gradient of
+    every trainable weight (all of them exist together: `max_grad_norm` clips by their joint norm before the step)
+    and AdamW's two moments (`exp_avg`, `exp_avg_sq`), each the weight's size and dtype."""
+    trainable = [p for p in trainer.model.parameters() if p.requires_grad]
+    return 3 * sum(p.numel() * p.element_size() for p in trainable) / 2**20
+
+
 def main() -> None:
     args = parse()
     import torch
@@ -202,6 +211,7 @@ def main() -> None:
     loss = next((r["loss"] for r in trainer.state.log_history if "loss" in r), None)
     result = {"impl": args.impl, "trainer": args.trainer, "steps": steps, "tokens_per_step": tokens, "loss": loss}
     result.update(mem, working_set_mib=mem["peak_mib"] - mem["base_mib"])
+    result["optimizer_floor_mib"] = optimizer_floor_mib(trainer)
     print("RESULT " + json.dumps(result), flush=True)
 
 
