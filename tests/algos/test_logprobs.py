@@ -105,6 +105,7 @@ def test_log_probs_at_reads_each_index_row_from_its_logits_row():
 
 # ------------------------------------------------------------------------------ chunked, from hidden states
 from replayrl.algos.logprobs import (  # noqa: E402
+    CPU_CHUNK_BYTES,
     DEFAULT_CHUNK_BYTES,
     chunked_token_stats,
     default_chunk_size,
@@ -200,7 +201,10 @@ def test_linear_cross_entropy_equals_torch_cross_entropy():
 
 
 def test_default_chunk_size_bounds_a_chunk():
-    assert default_chunk_size(151_936) * 151_936 * 4 <= 32 * 2**20
+    assert default_chunk_size(151_936) * 151_936 * 4 <= DEFAULT_CHUNK_BYTES == 32 * 2**20
+    assert default_chunk_size(151_936) == default_chunk_size(151_936, device="cuda:0") == 55
+    assert default_chunk_size(151_936, device=torch.device("cpu")) == 13  # CPU_CHUNK_BYTES: 8 MiB
+    assert default_chunk_size(151_936, 4 * 151_936 * 3, device="cpu") == 3
     assert default_chunk_size(10**12) == 1
 
 
@@ -331,4 +335,4 @@ def test_chunked_peak_does_not_grow_with_the_number_of_positions():
 
         peaks.append(peak_allocated_bytes(step))
     assert peaks[1] - peaks[0] <= 2**20, peaks  # 896 more positions x 16 hidden: kilobytes, not 896 x 152k x 4
-    assert peaks[1] <= 6 * DEFAULT_CHUNK_BYTES + QWEN2_VOCAB * 16 * 4, peaks  # a few chunks + the head's gradient
+    assert peaks[1] <= 6 * CPU_CHUNK_BYTES + QWEN2_VOCAB * 16 * 4, peaks  # a few (CPU) chunks + the head's gradient
