@@ -2,12 +2,12 @@
 
     python benchmarks/scale.py [--trainers sft dpo reward grpo] [--rounds 2] [--trl-python PATH] [--quick]
 
-For each of SFT, DPO (sigmoid, reference model), reward and GRPO (beta 0, transformers generate): median seconds
-per optimizer step, tokens/s, and the memory `train()` uses above what the process held when it was called (on a
-GPU `torch.cuda.max_memory_allocated()`; on a CPU the peak RSS during `train()` minus the RSS at its start, see
-`scale_worker.py`). A fresh process per run, sides alternating (replayrl, TRL, TRL, replayrl, ...), the same saved
-model, data and settings on both sides; a figure is the median over rounds, a ratio is replayrl / TRL (< 1:
-replayrl faster / smaller).
+For each of SFT, DPO (sigmoid, reference model), reward and GRPO (beta 0, transformers generate): median seconds per
+optimizer step (and CPU seconds of the process per step: on a shared machine the steadier figure), tokens/s, and the
+memory `train()` uses above what the process held when it was called (on a GPU `torch.cuda.max_memory_allocated()`;
+on a CPU the peak RSS during `train()` minus the RSS at its start, see `scale_worker.py`). A fresh process per run,
+sides alternating (replayrl, TRL, TRL, replayrl, ...), the same saved model, data and settings on both sides; a
+figure is the median over rounds, a ratio is replayrl / TRL (< 1: replayrl faster / smaller).
 
 Model: Qwen2-0.5B's shape (hidden 896, 24 layers, 14/2 heads, intermediate 4864, tied embeddings) on a GPU; on a
 CPU a reduced body (hidden 256, 2 layers, 4/2 heads, intermediate 1024) with the full 151,936-token vocabulary, so
@@ -100,10 +100,12 @@ def summarize(trainer: str, per_side: dict[str, list[dict]]) -> dict:
     row: dict = {"trainer": trainer}
     for impl, results in per_side.items():
         row[f"{impl}_step_s"] = median(median(r["steps"]) for r in results)
+        row[f"{impl}_cpu_s"] = median(median(r["cpu_steps"]) for r in results)
         row[f"{impl}_tok_s"] = median(sum(r["tokens_per_step"]) / sum(r["steps"]) for r in results)
         row[f"{impl}_mem_mib"] = median(r["working_set_mib"] for r in results)
         row[f"{impl}_floor_mib"] = median(r["optimizer_floor_mib"] for r in results)
     row["step_ratio"] = ratio(row["replayrl_step_s"], row["trl_step_s"])
+    row["cpu_ratio"] = ratio(row["replayrl_cpu_s"], row["trl_cpu_s"])
     row["mem_ratio"] = ratio(row["replayrl_mem_mib"], row["trl_mem_mib"])
     row["floor_ratio"] = ratio(row["replayrl_floor_mib"], row["trl_mem_mib"])  # the least any faithful trainer holds
     return row
@@ -143,7 +145,7 @@ def main(argv=None) -> None:
                     flush=True,
                 )
         rows.append(summarize(trainer, per_side))
-    columns = ["trainer", "replayrl_step_s", "trl_step_s", "step_ratio", "replayrl_mem_mib", "trl_mem_mib"]
+    columns = ["trainer", "replayrl_step_s", "trl_step_s", "step_ratio", "cpu_ratio", "replayrl_mem_mib", "trl_mem_mib"]
     columns += ["mem_ratio", "floor_ratio", "replayrl_tok_s", "trl_tok_s"]
     title = f"\nreplayrl vs TRL at the 152k vocabulary ({device}, {SHAPES[device]}; ratios replayrl / TRL)"
     table = print_table(rows, columns, title=title)
