@@ -2,12 +2,12 @@
 
     python benchmarks/scale.py [--trainers sft dpo reward grpo] [--rounds 2] [--trl-python PATH] [--quick]
 
-For each of SFT, DPO (sigmoid, reference model), reward and GRPO (beta 0, transformers generate): median seconds
-per optimizer step, tokens/s, and the memory `train()` uses above what the process held when it was called (on a
-GPU `torch.cuda.max_memory_allocated()`; on a CPU the peak RSS during `train()` minus the RSS at its start, see
-`scale_worker.py`). A fresh process per run, sides alternating (replayrl, TRL, TRL, replayrl, ...), the same saved
-model, data and settings on both sides; a figure is the median over rounds, a ratio is replayrl / TRL (< 1:
-replayrl faster / smaller).
+For each of SFT, DPO (sigmoid, reference model), reward and GRPO (beta 0, transformers generate): median seconds per
+optimizer step (and CPU seconds of the process per step: on a shared machine the steadier figure), tokens/s, and the
+memory `train()` uses above what the process held when it was called (on a GPU `torch.cuda.max_memory_allocated()`;
+on a CPU the peak RSS during `train()` minus the RSS at its start, see `scale_worker.py`). A fresh process per run,
+sides alternating (replayrl, TRL, TRL, replayrl, ...), the same saved model, data and settings on both sides; a
+figure is the median over rounds, a ratio is replayrl / TRL (< 1: replayrl faster / smaller).
 
 Model: Qwen2-0.5B's shape (hidden 896, 24 layers, 14/2 heads, intermediate 4864, tied embeddings) on a GPU; on a
 CPU a reduced body (hidden 256, 2 layers, 4/2 heads, intermediate 1024) with the full 151,936-token vocabulary, so
@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import BENCH_DIR, median, print_table, ratio, remove_scratch, write_results  # noqa: E402
 
-TRL_PYTHON = "/work/venv-trl/bin/python"
+TRL_PYTHON = str(BENCH_DIR / ".venv-trl" / "bin" / "python")  # made by vs_trl.py's ensure_trl_venv
 VOCAB = 151_936
 SHAPES = {
     "gpu": dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864),
@@ -42,7 +42,8 @@ SHAPES = {
 RUNS = {
     "sft": ({"batch": 8, "max_length": 1024}, {"batch": 2, "max_length": 256}),
     "dpo": ({"batch": 8, "max_length": 512}, {"batch": 2, "max_length": 128}),
-    "reward": ({"batch": 8, "max_length": 512}, {"batch": 2, "max_length": 128}),
+    # A CPU reward step is ~0.2 s (no vocabulary-sized logits): more of them, so that the median is not noise.
+    "reward": ({"batch": 8, "max_length": 512}, {"batch": 2, "max_length": 128, "warmup": 2, "steps": 10}),
     "grpo": (
         {"batch": 64, "num_generations": 8, "max_completion_length": 128},
         {"batch": 8, "num_generations": 4, "max_completion_length": 32},
@@ -100,10 +101,14 @@ def summarize(trainer: str, per_side: dict[str, list[dict]]) -> dict:
     row: dict = {"trainer": trainer}
     for impl, results in per_side.items():
         row[f"{impl}_step_s"] = median(median(r["steps"]) for r in results)
+        row[f"{impl}_cpu_s"] = median(median(r["cpu_steps"]) for r in results)
         row[f"{impl}_tok_s"] = median(sum(r["tokens_per_step"]) / sum(r["steps"]) for r in results)
         row[f"{impl}_mem_mib"] = median(r["working_set_mib"] for r in results)
+        row[f"{impl}_floor_mib"] = median(r["optimizer_floor_mib"] for r in results)
     row["step_ratio"] = ratio(row["replayrl_step_s"], row["trl_step_s"])
+    row["cpu_ratio"] = ratio(row["replayrl_cpu_s"], row["trl_cpu_s"])
     row["mem_ratio"] = ratio(row["replayrl_mem_mib"], row["trl_mem_mib"])
+    row["floor_ratio"] = ratio(row["replayrl_floor_mib"], row["trl_mem_mib"])  # the least any faithful trainer holds
     return row
 
 
@@ -124,7 +129,8 @@ def main(argv=None) -> None:
     sides = {"replayrl": sys.executable, "trl": args.trl_python}
     rows, runs = [], []
     for trainer in args.trainers:
-        settings = {**RUNS[trainer][device == "cpu"], **timing}
+        own = RUNS[trainer][device == "cpu"]
+        settings = {**own, **timing} if args.quick else {**timing, **own}
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
         per_side: dict[str, list[dict]] = {"replayrl": [], "trl": []}
         for r in range(rounds):
@@ -140,8 +146,8 @@ def main(argv=None) -> None:
                     flush=True,
                 )
         rows.append(summarize(trainer, per_side))
-    columns = ["trainer", "replayrl_step_s", "trl_step_s", "step_ratio", "replayrl_mem_mib", "trl_mem_mib"]
-    columns += ["mem_ratio", "replayrl_tok_s", "trl_tok_s"]
+    columns = ["trainer", "replayrl_step_s", "trl_step_s", "step_ratio", "cpu_ratio", "replayrl_mem_mib", "trl_mem_mib"]
+    columns += ["mem_ratio", "floor_ratio", "replayrl_tok_s", "trl_tok_s"]
     title = f"\nreplayrl vs TRL at the 152k vocabulary ({device}, {SHAPES[device]}; ratios replayrl / TRL)"
     table = print_table(rows, columns, title=title)
     payload = {"device": device, "shape": SHAPES[device], "vocab_size": VOCAB, "rounds": rounds, "timing": timing}

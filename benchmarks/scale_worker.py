@@ -2,15 +2,16 @@
 
     python benchmarks/scale_worker.py --impl replayrl --trainer sft --model-dir DIR --data-file FILE [...]
 
-Prints `RESULT {json}`: wall seconds of every optimizer step (between two `on_step_end` callbacks, so everything
-the Trainer does), the tokens of every step, and the memory `train()` used above what the process held when it was
-called: on a GPU `torch.cuda.max_memory_allocated()` (peak statistics reset just before `train()`) minus the
-allocation then; on a CPU the peak resident set size during `train()` minus the RSS just before it, the peak taken
-from the kernel's high-water mark (reset through /proc/self/clear_refs) and, as a cross-check, a thread sampling
-VmRSS every millisecond; the larger of the two is reported. Every weight is read once before `train()`
-(`page_in`), so weights memory-mapped by `from_pretrained` count on neither side. Imports only the standard
-library at module level: it also runs inside the TRL virtualenv, where replayrl is not installed.
-"""
+Prints `RESULT {json}`: wall seconds of every optimizer step (between two `on_step_end` callbacks, so everything the
+Trainer does) and the process's CPU seconds over the same span, the tokens of every step, and the memory `train()`
+used above what the process held when it was called: on a GPU `torch.cuda.max_memory_allocated()` (peak statistics
+reset just before `train()`) minus the allocation then; on a CPU the peak resident set size during `train()` minus
+the RSS just before it, the peak taken from the kernel's high-water mark (reset through /proc/self/clear_refs) and,
+as a cross-check, a thread sampling VmRSS every millisecond; the larger of the two is reported. Every weight is read
+once before `train()` (`page_in`), so weights memory-mapped by `from_pretrained` count on neither side. Also
+`optimizer_floor_mib`: the gradient and AdamW's two moments of the trained weights, which no way of computing the
+loss can avoid. Imports only the standard library at module level: it also runs inside the TRL virtualenv, where
+replayrl is not installed."""
 
 from __future__ import annotations
 
@@ -180,6 +181,14 @@ def measured_train(trainer, cuda: bool) -> dict:
     return {**mem, "working_set_mib": mem["peak_mib"] - mem["base_mib"]}
 
 
+def optimizer_floor_mib(trainer) -> float:
+    """What any trainer that takes this AdamW step holds at its peak however it computes the loss: the gradient of
+    every trainable weight (all of them exist together: `max_grad_norm` clips by their joint norm before the step)
+    and AdamW's two moments (`exp_avg`, `exp_avg_sq`), each the weight's size and dtype."""
+    trainable = [p for p in trainer.model.parameters() if p.requires_grad]
+    return 3 * sum(p.numel() * p.element_size() for p in trainable) / 2**20
+
+
 def main() -> None:
     args = parse()
     import torch
@@ -192,23 +201,29 @@ def main() -> None:
     count: list[int] = []
     trainer, fixed_tokens = build(args, lib, cuda, count)
     ends: list[float] = []
+    cpu_ends: list[float] = []  # CPU seconds of the process (all threads): less sensitive to a busy machine
 
     class Clock(TrainerCallback):
         def on_train_begin(self, *a, **k):
             ends.append(time.perf_counter())
+            cpu_ends.append(time.process_time())
 
         def on_step_end(self, *a, **k):
             if cuda:
                 torch.cuda.synchronize()
             ends.append(time.perf_counter())
+            cpu_ends.append(time.process_time())
 
     trainer.add_callback(Clock())
     mem = measured_train(trainer, cuda)
     steps = [b - a for a, b in zip(ends, ends[1:])][args.warmup :]
+    cpu_steps = [b - a for a, b in zip(cpu_ends, cpu_ends[1:])][args.warmup :]
     tokens = [fixed_tokens] * len(steps) if fixed_tokens else count[args.warmup : args.warmup + len(steps)]
     loss = next((r["loss"] for r in trainer.state.log_history if "loss" in r), None)
-    result = {"impl": args.impl, "trainer": args.trainer, "steps": steps, "tokens_per_step": tokens, "loss": loss}
+    result = {"impl": args.impl, "trainer": args.trainer, "steps": steps, "cpu_steps": cpu_steps, "loss": loss}
+    result["tokens_per_step"] = tokens
     result.update(mem)
+    result["optimizer_floor_mib"] = optimizer_floor_mib(trainer)
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -88,7 +88,7 @@ class DistillationTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetrics
         unwrapped = self.accelerator.unwrap_model(self.model)
         self.generator = build_backend(args, unwrapped, processing_class, self.generation_config)
         self._synced_step: int | None = None  # optimizer step whose weights the generator has
-        self._chunk = default_chunk_size(unwrapped.config.get_text_config().vocab_size)
+        self._chunk = default_chunk_size(unwrapped.config.get_text_config().vocab_size, device=self.accelerator.device)
         self._last_completions: list[tuple[str, str]] = []
         self._init_metrics()
         attach_metrics_file(self)

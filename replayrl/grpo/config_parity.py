@@ -8,6 +8,7 @@ non-default value (never accepted and ignored).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,12 +64,16 @@ class TRLParityArguments:
     chat_template_kwargs: dict[str, Any] | str | None = field(
         default=None, metadata=_help("Extra keyword arguments for apply_chat_template (e.g. enable_thinking).")
     )
-    use_transformers_paged: bool = field(default=False, metadata=_help("transformers paged generation (refused)."))
+    use_transformers_paged: bool = field(
+        default=False, metadata=_help("Deprecated (as TRL): sets use_transformers_continuous_batching=True.")
+    )
     use_transformers_continuous_batching: bool = field(
-        default=False, metadata=_help("transformers continuous batching (refused).")
+        default=False,
+        metadata=_help("Generate with transformers' continuous batching (generate_batch, paged KV cache)."),
     )
     transformers_continuous_batching_config: dict | str | None = field(
-        default=None, metadata=_help("Continuous batching config (refused).")
+        default=None,
+        metadata=_help("transformers ContinuousBatchingConfig keyword arguments (max_memory_percent defaults to 0.5)."),
     )
     # Loss
     delta: float | None = field(
@@ -126,15 +131,6 @@ class TRLParityArguments:
 def _refusals(cfg) -> list[tuple[bool, str]]:
     return [
         (
-            cfg.use_transformers_paged or cfg.use_transformers_continuous_batching,
-            "use_transformers_paged / use_transformers_continuous_batching are not supported: replayrl generates "
-            "with the padded `generate` (or vLLM, use_vllm=True). Leave them False.",
-        ),
-        (
-            cfg.transformers_continuous_batching_config is not None,
-            "transformers_continuous_batching_config is not supported (no continuous batching); leave it None.",
-        ),
-        (
             cfg.log_completions_hub_repo is not None,
             f"log_completions_hub_repo={cfg.log_completions_hub_repo!r}: replayrl never uploads to the Hub "
             "(offline by design); completions go to the log / metrics.jsonl. Leave it None.",
@@ -149,7 +145,14 @@ def _refusals(cfg) -> list[tuple[bool, str]]:
 
 def validate_parity(cfg) -> None:
     """Checks of the fields above (called from `GRPOConfig._validate`)."""
-    for name in ("generation_kwargs", "chat_template_kwargs"):
+    if cfg.use_transformers_paged:
+        warnings.warn(
+            "use_transformers_paged is deprecated (as in TRL): use use_transformers_continuous_batching.",
+            FutureWarning,
+            stacklevel=3,
+        )
+        cfg.use_transformers_continuous_batching = True
+    for name in ("generation_kwargs", "chat_template_kwargs", "transformers_continuous_batching_config"):
         value = getattr(cfg, name)
         if value is not None and not isinstance(value, dict):
             raise ValueError(f"{name} must be a dict or a JSON object string (got {value!r}).")

@@ -104,7 +104,13 @@ def test_log_probs_at_reads_each_index_row_from_its_logits_row():
 
 
 # ------------------------------------------------------------------------------ chunked, from hidden states
-from replayrl.algos.logprobs import chunked_token_stats, default_chunk_size, linear_cross_entropy  # noqa: E402
+from replayrl.algos.logprobs import (  # noqa: E402
+    CPU_CHUNK_BYTES,
+    DEFAULT_CHUNK_BYTES,
+    chunked_token_stats,
+    default_chunk_size,
+    linear_cross_entropy,
+)
 
 
 def make_head(n=(3, 7), hidden=5, vocab=13, dtype=torch.float32, seed=0, bias=True):
@@ -195,7 +201,10 @@ def test_linear_cross_entropy_equals_torch_cross_entropy():
 
 
 def test_default_chunk_size_bounds_a_chunk():
-    assert default_chunk_size(151_936) * 151_936 * 4 <= 32 * 2**20
+    assert default_chunk_size(151_936) * 151_936 * 4 <= DEFAULT_CHUNK_BYTES == 32 * 2**20
+    assert default_chunk_size(151_936) == default_chunk_size(151_936, device="cuda:0") == 55
+    assert default_chunk_size(151_936, device=torch.device("cpu")) == 13  # CPU_CHUNK_BYTES: 8 MiB
+    assert default_chunk_size(151_936, 4 * 151_936 * 3, device="cpu") == 3
     assert default_chunk_size(10**12) == 1
 
 
@@ -212,25 +221,118 @@ def peak_allocated_bytes(fn) -> int:
     return peak
 
 
-def test_chunked_loss_path_allocates_a_small_fraction_of_the_plain_one_on_a_152k_vocabulary():
-    """Forward + backward of the token log-probs on Qwen2's 151,936-token vocabulary: the plain path holds
-    several (N, V) float32 tensors, the fused chunked one a few chunks and the lm_head's gradient."""
-    h, w, _, targets = make_head(n=(2, 64), hidden=16, vocab=151_936, bias=False)
-    results = {}
+QWEN2_VOCAB = 151_936
+
+
+def fused_losses(dtype):
+    """(name, plain loss, chunked loss) from hidden states ``(2, 64, 16)`` through a 152k-row lm_head: what each
+    trainer's loss differentiates (GRPO/DPO/KTO/PPO log-probs, GRPO's entropy bonus, SFT's cross-entropy)."""
+    h, w, _, targets = make_head(n=(2, 64), hidden=16, vocab=QWEN2_VOCAB, dtype=dtype, bias=False)
+    entropy_bonus = lambda logps, entropy: (logps - 0.3 * entropy).sum()  # noqa: E731
+    cases = {
+        "token_logps": (
+            lambda: plain_stats(h, w, None, targets)[0].sum(),
+            lambda: chunked_token_stats(h, targets, weight=w, chunk_size=8).logps.sum(),
+        ),
+        "logps_and_entropy_grad": (
+            lambda: entropy_bonus(*plain_stats(h, w, None, targets)[:2]),
+            lambda: entropy_bonus(
+                *chunked_token_stats(h, targets, weight=w, with_entropy=True, entropy_grad=True, chunk_size=8)[:2]
+            ),
+        ),
+        "sft_cross_entropy": (
+            lambda: torch.nn.functional.cross_entropy(
+                torch.nn.functional.linear(h, w).float().flatten(0, 1), targets.flatten()
+            ),  # fmt: skip
+            lambda: linear_cross_entropy(h, w, targets, chunk_size=8),
+        ),
+    }
+    return (h, w), cases
+
+
+def measure(params, loss_fns):
+    """{(peak bytes, loss, gradients)} of forward + backward of each loss function, in this order."""
+    out = []
+    for fn in loss_fns:
+        got = {}
+
+        def step(fn=fn, got=got):
+            loss = fn()
+            got["loss"], got["grads"] = loss.detach(), grads(loss, params)
+
+        out.append((peak_allocated_bytes(step), got["loss"], got["grads"]))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", ["token_logps", "logps_and_entropy_grad", "sft_cross_entropy"])
+def test_chunked_loss_path_allocates_a_small_fraction_of_the_plain_one_on_a_152k_vocabulary(case, dtype):
+    """Forward + backward of each loss on Qwen2's 151,936-token vocabulary from hidden states and the lm_head (the
+    fused path every trainer takes): the plain path holds several (N, V) float32 tensors, the chunked one a few
+    chunks and the lm_head's gradient. Same loss and gradients."""
+    params, cases = fused_losses(dtype)
+    (plain_peak, plain_loss, plain_grads), (peak, loss, got) = measure(params, cases[case])
+    logits_bytes = 2 * 64 * QWEN2_VOCAB * 4
+    assert plain_peak >= 2 * logits_bytes  # measured, not assumed: the plain path really holds the logits
+    assert peak <= 0.15 * plain_peak, (peak, plain_peak)
+    torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=1e-5)  # float32 math on both sides
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)  # 152k-term sums
+    for g, want in zip(got, plain_grads):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g, want, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_log_probs_from_logits_allocate_only_their_gradient_beyond_a_small_fraction(dtype):
+    """The fallback path (a model whose logits are not just the lm_head's): given ``(N, V)`` logits, the chunked
+    log-probs add the logits' own gradient (the caller needs it) and a few chunks; the plain log_softmax + gather
+    adds several float32 (N, V) tensors."""
+    h, w, _, targets = make_head(n=(2, 64), hidden=16, vocab=QWEN2_VOCAB, dtype=dtype, bias=False)
+    logits = torch.nn.functional.linear(h, w).detach().requires_grad_(True)
+    plain = lambda: torch.log_softmax(logits.float(), -1).gather(-1, targets[..., None]).sum()  # noqa: E731
+    chunked = lambda: chunked_token_stats(logits, targets, chunk_size=8).logps.sum()  # noqa: E731
+    (plain_peak, plain_loss, (plain_grad,)), (peak, loss, (grad,)) = measure([logits], [plain, chunked])
+    grad_bytes = logits.numel() * logits.element_size()
+    assert plain_peak >= 2 * logits.numel() * 4
+    assert peak - grad_bytes <= 0.15 * plain_peak, (peak, grad_bytes, plain_peak)
+    torch.testing.assert_close(loss, plain_loss)
+    torch.testing.assert_close(grad, plain_grad)
+
+
+def test_chunked_entropy_metric_allocates_a_small_fraction_of_the_plain_one():
+    """Metrics under no_grad (the entropy every trainer logs, SFT's token accuracy): chunk by chunk from the hidden
+    states, against the plain full-vocabulary softmax."""
+    h, w, _, targets = make_head(n=(2, 64), hidden=16, vocab=QWEN2_VOCAB, bias=False)
+    got = {}
 
     def plain():
-        logps = plain_stats(h, w, None, targets)[0]
-        results["plain"] = (logps.detach(), grads(logps.sum(), (h, w)))
+        with torch.no_grad():
+            got["plain"] = plain_stats(h, w, None, targets)
 
     def chunked():
-        logps = chunked_token_stats(h, targets, weight=w, chunk_size=8).logps
-        results["chunked"] = (logps.detach(), grads(logps.sum(), (h, w)))
+        with torch.no_grad():
+            got["chunked"] = chunked_token_stats(h, targets, weight=w, with_entropy=True, chunk_size=8)
 
-    plain_peak, chunked_peak = peak_allocated_bytes(plain), peak_allocated_bytes(chunked)
-    logits_bytes = 2 * 64 * 151_936 * 4
-    assert plain_peak >= 2 * logits_bytes  # measured, not assumed: the plain path really holds the logits
-    assert chunked_peak <= 0.15 * plain_peak, (chunked_peak, plain_peak)
-    (plain_logps, plain_grads), (chunked_logps, chunked_grads) = results["plain"], results["chunked"]
-    torch.testing.assert_close(chunked_logps, plain_logps)
-    for got, want in zip(chunked_grads, plain_grads):  # sums over 152k terms: float32 summation order differs
-        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    plain_peak, peak = peak_allocated_bytes(plain), peak_allocated_bytes(chunked)
+    assert plain_peak >= 2 * 2 * 64 * QWEN2_VOCAB * 4
+    assert peak <= 0.15 * plain_peak, (peak, plain_peak)
+    (logps, entropy, predicted), stats = got["plain"], got["chunked"]
+    torch.testing.assert_close(stats.logps, logps)
+    torch.testing.assert_close(stats.entropy, entropy, atol=1e-4, rtol=1e-5)  # sums of 152k terms
+    assert torch.equal(stats.predicted, predicted)
+
+
+def test_chunked_peak_does_not_grow_with_the_number_of_positions():
+    """With the default chunk size the loss path's memory is a few chunks whatever the batch: 8x the positions
+    (128 -> 1024 on the 152k vocabulary) adds only the per-position vectors, not a (N, V) tensor."""
+    peaks = []
+    for n in (64, 512):
+        h, w, _, targets = make_head(n=(2, n), hidden=16, vocab=QWEN2_VOCAB, bias=False)
+
+        def step(h=h, w=w, targets=targets):
+            stats = chunked_token_stats(h, targets, weight=w, with_entropy=True, entropy_grad=True)
+            grads((stats.logps - 0.3 * stats.entropy).sum(), (h, w))
+
+        peaks.append(peak_allocated_bytes(step))
+    assert peaks[1] - peaks[0] <= 2**20, peaks  # 896 more positions x 16 hidden: kilobytes, not 896 x 152k x 4
+    assert peaks[1] <= 6 * CPU_CHUNK_BYTES + QWEN2_VOCAB * 16 * 4, peaks  # a few (CPU) chunks + the head's gradient

@@ -175,7 +175,7 @@ def test_construction_refusals(model, tokenizer, dataset, tmp_path):
     [
         ({"use_liger_kernel": True}, "use_liger_kernel"),
         ({"log_completions_hub_repo": "me/completions"}, "Hub"),
-        ({"use_transformers_paged": True}, "use_transformers_paged"),
+        ({"transformers_continuous_batching_config": 3}, "transformers_continuous_batching_config"),
         ({"loss_type": "luspo"}, "importance_sampling_level='sequence'"),
         ({"loss_type": "vespo", "importance_sampling_level": "sequence"}, "already weights whole sequences"),
         ({"importance_sampling_level": "word"}, "'word'"),
