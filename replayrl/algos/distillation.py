@@ -96,8 +96,9 @@ class _Head(NamedTuple):
 
     def logits(self, sl: slice, dtype: torch.dtype) -> Tensor:
         rows = self.source[sl]
-        out = rows if self.weight is None else F.linear(rows, self.weight, self.bias)
-        return out.to(dtype, copy=True)  # a private float buffer: the divergence overwrites it
+        if self.weight is None:
+            return rows.to(dtype, copy=True)  # a private float buffer: the divergence overwrites it
+        return F.linear(rows, self.weight, self.bias).to(dtype)  # fresh already
 
 
 class _Grads:
@@ -126,14 +127,16 @@ class _Grads:
             self.weight.addmm_(grad.T, src[sl].to(w.dtype))
 
     def results(self, scale: Tensor | None) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-        """The buffers times ``scale`` (a 0-d tensor; None: as they are), in the head's dtypes."""
+        """The buffers times ``scale`` (a 0-d tensor; None: as they are), in the head's dtypes; scaled in place, so
+        that the weight's ``(V, H)`` gradient is never held twice."""
         src, w, b = self.head
         out = []
         for grad, like in ((self.source, src), (self.weight, w), (self.bias, b)):
             if grad is not None:
-                grad = grad * scale if scale is not None else grad
+                grad = grad.mul_(scale.to(grad.dtype)) if scale is not None else grad
                 grad = grad.to(like.dtype)
             out.append(grad)
+        self.source = self.weight = self.bias = None
         return tuple(out)
 
 
