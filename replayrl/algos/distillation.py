@@ -64,8 +64,10 @@ def jsd_value_and_grad(
     if temperature != 1.0:
         student_logits /= temperature
         teacher_logits /= temperature
-    log_ps, p_s = _log_softmax_(student_logits, want_p=True)
+    # the teacher first: its softmax's scratch buffer is freed before the student's two buffers exist (beta 1 then
+    # peaks at three (c, V) buffers, not four)
     log_pt, p_t = _log_softmax_(teacher_logits, want_p=beta != 1.0)
+    log_ps, p_s = _log_softmax_(student_logits, want_p=True)
     if beta == 0.0:
         value = _rowdot(p_t, log_pt.sub_(log_ps))
         grad = p_s.sub_(p_t) if want_grad else None
