@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from replayrl.algos.logprobs import _compute_dtype, _log_softmax_and_softmax
+
 
 def generalized_jsd(student_logits: Tensor, teacher_logits: Tensor, beta: float, temperature: float = 1.0) -> Tensor:
     """Per-position divergence ``(*S)`` from logits ``(*S, V)`` (float32 math; the reference implementation)."""
@@ -31,17 +33,6 @@ def generalized_jsd(student_logits: Tensor, teacher_logits: Tensor, beta: float,
     kl_t = (log_pt.exp() * (log_pt - log_m)).sum(-1)
     kl_s = (log_ps.exp() * (log_ps - log_m)).sum(-1)
     return beta * kl_t + (1 - beta) * kl_s
-
-
-def _log_softmax_(logits: Tensor, want_p: bool) -> tuple[Tensor, Tensor | None]:
-    """``(log_softmax, softmax or None)`` of float logits ``(c, V)``, the log-softmax written over ``logits``."""
-    logits -= logits.amax(-1, keepdim=True)
-    p = logits.exp()
-    total = p.sum(-1, keepdim=True)
-    logits -= total.log()
-    if not want_p:
-        return logits, None
-    return logits, p.div_(total)
 
 
 def _rowdot(a: Tensor, b: Tensor) -> Tensor:
@@ -66,8 +57,10 @@ def jsd_value_and_grad(
         teacher_logits /= temperature
     # the teacher first: its softmax's scratch buffer is freed before the student's two buffers exist (beta 1 then
     # peaks at three (c, V) buffers, not four)
-    log_pt, p_t = _log_softmax_(teacher_logits, want_p=beta != 1.0)
-    log_ps, p_s = _log_softmax_(student_logits, want_p=True)
+    log_pt, p_t = _log_softmax_and_softmax(teacher_logits)
+    if beta == 1.0:
+        del p_t
+    log_ps, p_s = _log_softmax_and_softmax(student_logits)
     if beta == 0.0:
         value = _rowdot(p_t, log_pt.sub_(log_ps))
         grad = p_s.sub_(p_t) if want_grad else None
@@ -196,11 +189,6 @@ class _JSDChunks(torch.autograd.Function):
         del grads
         _run_chunks(student, _Head(t_src, t_w, t_b), ctx.settings, fresh, grad_values)
         return (*fresh.results(None), *tail)
-
-
-def _compute_dtype(source: Tensor) -> torch.dtype:
-    """float32, or float64 for float64 inputs (the reference tests)."""
-    return torch.float64 if source.dtype == torch.float64 else torch.float32
 
 
 def chunked_generalized_jsd(
