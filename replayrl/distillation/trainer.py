@@ -7,7 +7,8 @@ What runs, per optimizer step:
   2. per micro-batch: the student (with gradient) and the teacher (no gradient) score prompt + completion; at each
      completion position the generalised JSD between their next-token distributions (`beta`: 0 forward KL,
      1 reverse KL) is computed chunk by chunk from the hidden states and each model's lm_head
-     (`algos.distillation.chunked_generalized_jsd`: no full-vocabulary logits of either model are held);
+     (`algos.distillation.chunked_generalized_jsd`: no full-vocabulary logits of either model are held; the
+     gradient w.r.t. the student's logits is formed in closed form chunk by chunk, nothing is recomputed);
   3. loss = sum of the per-token divergences / the completion tokens of the step (all micro-batches and
      processes), so 8 micro-batches of 1 prompt give the update of 1 micro-batch of 8.
 Departures from TRL: docs/distillation.md.
