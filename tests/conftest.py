@@ -93,6 +93,21 @@ def launch_two_processes(worker: Path, out: Path, port: int, *args: str) -> dict
     return torch.load(out / "result.pt", weights_only=False)
 
 
+def loss_logs(trainer, stop: bool = False, resume=None) -> list[dict]:
+    """Train (with `stop`: only the first optimizer step; `resume`: from that checkpoint) and return the loss logs:
+    the body of a `run` for `full_and_resumed_logs`."""
+    from transformers import TrainerCallback
+
+    class StopAfterFirstStep(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step >= 1
+
+    if stop:
+        trainer.add_callback(StopAfterFirstStep())
+    trainer.train(resume_from_checkpoint=resume)
+    return [h for h in trainer.state.log_history if "loss" in h]
+
+
 def full_and_resumed_logs(run, tmp_path: Path, steps: int = 4) -> list[tuple[dict, dict]]:
     """Exact-resume check: `run(out, stop=..., resume=...)` trains `steps` optimizer steps saving every step and
     returns its loss logs; with stop=True it must stop after step 1. Returns (full run, resumed run) log pairs of

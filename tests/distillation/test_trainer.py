@@ -2,12 +2,11 @@
 
 import pytest
 import torch
-from transformers import TrainerCallback
 
 from replayrl import DistillationConfig, DistillationTrainer
 from replayrl.algos.distillation import generalized_jsd
 from replayrl.models.tiny import build_tiny_model, prompt_dataset
-from tests.conftest import assert_accumulation_invariant, full_and_resumed_logs
+from tests.conftest import assert_accumulation_invariant, full_and_resumed_logs, loss_logs
 from tests.trl_fields.parity import mismatches
 
 SIZE = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
@@ -94,19 +93,11 @@ def test_gradient_accumulation_1x8_equals_8x1(tokenizer, tmp_path):
     assert_accumulation_invariant(make_in, tmp_path, steps=2, beta=0.5)
 
 
-class _StopAt(TrainerCallback):
-    def on_step_end(self, args, state, control, **kwargs):
-        control.should_training_stop = state.global_step >= 1
-
-
 def test_exact_resume(tokenizer, tmp_path):
     def run(out, stop=False, resume=None):
         trainer = make(tokenizer, tmp_path, output_dir=str(out), per_device_train_batch_size=4, max_steps=4,
                        save_strategy="steps", save_steps=1)  # fmt: skip
-        if stop:
-            trainer.add_callback(_StopAt())
-        trainer.train(resume_from_checkpoint=resume)
-        return [h for h in trainer.state.log_history if "loss" in h]
+        return loss_logs(trainer, stop, resume)
 
     for x, y in full_and_resumed_logs(run, tmp_path):
         for k in ("loss", "grad_norm", "completions/mean_length"):

@@ -7,7 +7,7 @@ import torch
 
 from replayrl import GRPOConfig, GRPOTrainer
 from replayrl.rewards.builtin import reward_len
-from tests.conftest import full_and_resumed_logs, tiny_args
+from tests.conftest import full_and_resumed_logs, loss_logs, tiny_args
 
 
 def varied_reward(completions, **kwargs):
@@ -294,13 +294,8 @@ def test_save_model_round_trips(model, tokenizer, dataset, tmp_path):
 def test_resume_from_a_checkpoint_in_the_middle_of_a_generation_cycle(tokenizer, dataset, tmp_path):
     """steps_per_generation=2: one generation serves two optimizer steps; a checkpoint after the first step
     must carry the generation batch in progress, so the resumed run trains on the same rows."""
-    from transformers import TrainerCallback
 
     from replayrl.models.tiny import build_tiny_model
-
-    class StopAt(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            control.should_training_stop = state.global_step >= 1
 
     def run(out, stop=False, resume=None):
         model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
@@ -316,10 +311,7 @@ def test_resume_from_a_checkpoint_in_the_middle_of_a_generation_cycle(tokenizer,
             save_strategy="steps",
             save_steps=1,
         )
-        if stop:
-            trainer.add_callback(StopAt())
-        trainer.train(resume_from_checkpoint=resume)
-        return [h for h in trainer.state.log_history if "loss" in h]
+        return loss_logs(trainer, stop, resume)
 
     pairs = full_and_resumed_logs(run, tmp_path)
     for x, y in pairs:

@@ -3,14 +3,13 @@
 import pytest
 import torch
 from datasets import Dataset
-from transformers import TrainerCallback
 
 from replayrl import KTOConfig, KTOTrainer
 from replayrl.algos.kto import kto_losses
 from replayrl.kto.trainer import completion_logps
 from replayrl.models.tiny import build_tiny_model
 from replayrl.tasks.preferences import preference_datasets
-from tests.conftest import assert_accumulation_invariant, full_and_resumed_logs
+from tests.conftest import assert_accumulation_invariant, full_and_resumed_logs, loss_logs
 from tests.trl_fields.parity import mismatches
 
 EXACT = dict(bf16=False, gradient_checkpointing=False)  # TRL's defaults turn both on; exactness tests want fp32
@@ -97,19 +96,11 @@ def test_gradient_accumulation_1x8_equals_8x1(tokenizer, tmp_path):
     assert log1[1]["kl"] == pytest.approx(log8[1]["kl"], rel=1e-4) and log8[1]["kl"] > 0
 
 
-class _StopAt(TrainerCallback):
-    def on_step_end(self, args, state, control, **kwargs):
-        control.should_training_stop = state.global_step >= 1
-
-
 def test_exact_resume(tokenizer, tmp_path):
     def run(out, stop=False, resume=None):
         trainer = make(tokenizer, tmp_path, output_dir=str(out), per_device_train_batch_size=4, max_steps=4,
                        save_strategy="steps", save_steps=1, sync_ref_model=True, ref_model_sync_steps=2)  # fmt: skip
-        if stop:
-            trainer.add_callback(_StopAt())
-        trainer.train(resume_from_checkpoint=resume)
-        return [h for h in trainer.state.log_history if "loss" in h]
+        return loss_logs(trainer, stop, resume)
 
     for x, y in full_and_resumed_logs(run, tmp_path):
         for k in ("loss", "grad_norm", "kl", "rewards/margins"):

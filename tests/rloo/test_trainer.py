@@ -2,12 +2,11 @@
 
 import pytest
 import torch
-from transformers import TrainerCallback
 
 from replayrl import RLOOConfig, RLOOTrainer
 from replayrl.algos.rloo import rloo_advantages
 from replayrl.models.tiny import build_tiny_model, prompt_dataset
-from tests.conftest import full_and_resumed_logs, tiny_args
+from tests.conftest import full_and_resumed_logs, loss_logs, tiny_args
 from tests.trl_fields.parity import mismatches
 
 EXACT = dict(bf16=False, gradient_checkpointing=False)  # TRL's defaults turn both on; exactness tests want fp32
@@ -108,19 +107,11 @@ def test_replay_buffer_is_available(tokenizer, tmp_path):
     assert sum(h.get("replay/groups_replaced", 0) for h in trainer.state.log_history) > 0
 
 
-class _StopAt(TrainerCallback):
-    def on_step_end(self, args, state, control, **kwargs):
-        control.should_training_stop = state.global_step >= 1
-
-
 def test_exact_resume_in_the_middle_of_a_generation_cycle(tokenizer, tmp_path):
     def run(out, stop=False, resume=None):
         trainer = make(tokenizer, tmp_path, output_dir=str(out), steps_per_generation=2, per_device_train_batch_size=2,
                        max_steps=4, save_strategy="steps", save_steps=1, beta=0.1)  # fmt: skip
-        if stop:
-            trainer.add_callback(_StopAt())
-        trainer.train(resume_from_checkpoint=resume)
-        return [h for h in trainer.state.log_history if "loss" in h]
+        return loss_logs(trainer, stop, resume)
 
     pairs = full_and_resumed_logs(run, tmp_path)
     assert any("kl" in y for _, y in pairs)
