@@ -26,6 +26,7 @@ from replayrl.algos.logprobs import (
 from replayrl.algos.losses import (
     GLOBAL_TOKEN_MEAN_LOSSES,
     GRPO_LOSSES,
+    LENGTH_WEIGHTED_LOSSES,
     LOSS_TYPES,
     Aggregation,
     GRPOLoss,
@@ -57,6 +58,7 @@ __all__ = [
     "GRPO_LOSSES",
     "IMPORTANCE_SAMPLING_LEVELS",
     "KL_ESTIMATORS",
+    "LENGTH_WEIGHTED_LOSSES",
     "LOSS_TYPES",
     "Aggregation",
     "GRPOLoss",

@@ -8,8 +8,9 @@ A loss type is two choices (see `GRPO_LOSSES`):
   micro-batch, so gradient accumulation gives the same gradient however the batch is split.
 
 Everything else derives from the registry: the config's allowed values (`LOSS_TYPES`), the `LossType` literal,
-`token_weights`, which loss types need the global token count (`GLOBAL_TOKEN_MEAN_LOSSES`) and which
-``importance_sampling_level`` / ``delta`` each accepts (`check_loss_options`). Adding a loss type is one entry.
+`token_weights`, which loss types need the global token count (`GLOBAL_TOKEN_MEAN_LOSSES`), which weight sequences
+by their length (`LENGTH_WEIGHTED_LOSSES`) and which ``importance_sampling_level`` / ``delta`` each accepts
+(`check_loss_options`). Adding a loss type is one entry.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ WeightFn = Callable[[Tensor, int, "float | None"], Tensor]
 @dataclass(frozen=True)
 class Aggregation:
     """How the per-token losses of an optimizer-step batch add up: ``weights(mask, max_len, num_tokens)``.
-    ``global_token_count``: the weights need ``num_tokens``, the token count of every process / processes."""
+    ``global_token_count``: the weights need ``num_tokens``, the token count of every process / processes.
+    ``length_weighted``: every token weighs the same, so a sequence weighs by its length (not a mean per sequence)."""
 
     description: str
     weights: WeightFn
     global_token_count: bool = False
+    length_weighted: bool = True
 
 
 def _sequence_mean(mask: Tensor, max_len: int, num_tokens: float | None) -> Tensor:
@@ -68,7 +71,9 @@ def _global_token_mean(mask: Tensor, max_len: int, num_tokens: float | None) -> 
     return mask / (total if total > 0 else 1.0)
 
 
-SEQUENCE_MEAN = Aggregation("mean over each sequence's tokens, then over sequences", _sequence_mean)
+SEQUENCE_MEAN = Aggregation(
+    "mean over each sequence's tokens, then over sequences", _sequence_mean, length_weighted=False
+)
 BATCH_TOKEN_MEAN = Aggregation("token mean over the process's batch", _batch_token_mean)
 MAX_LENGTH_SUM = Aggregation("token sum / (sequences * max_completion_length)", _max_length_sum)
 SEQUENCE_SUM = Aggregation("sum over each sequence's tokens, mean over sequences", _sequence_sum)
@@ -117,6 +122,14 @@ LOSS_TYPES = tuple(GRPO_LOSSES)
 LossType = Literal[LOSS_TYPES]  # type: ignore[valid-type]  # derived from the registry
 # Loss types normalised by the token count of the whole (global) batch, as DAPO.
 GLOBAL_TOKEN_MEAN_LOSSES = tuple(name for name, loss in GRPO_LOSSES.items() if loss.aggregation.global_token_count)
+# Loss types that sum token terms and accept either importance-sampling level: at the sequence level they weight
+# each sequence by its length instead of optimizing the per-sequence objective (TRL's warning; LUSPO is sequence-level
+# and length-scaled by design, VESPO token-level only).
+LENGTH_WEIGHTED_LOSSES = tuple(
+    name
+    for name, loss in GRPO_LOSSES.items()
+    if loss.aggregation.length_weighted and loss.levels == IMPORTANCE_SAMPLING_LEVELS
+)
 
 
 def grpo_loss(loss_type: str) -> GRPOLoss:

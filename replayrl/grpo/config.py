@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from replayrl.algos.losses import GRPO_LOSSES, grpo_loss
+from replayrl.algos.losses import GRPO_LOSSES, LENGTH_WEIGHTED_LOSSES, grpo_loss
 from replayrl.grpo.config_parity import TRLParityArguments, validate_parity
 from replayrl.training_args import TrainingArguments
 
@@ -265,7 +265,7 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
 
 def _warn_sequence_level_token_sum(args: GRPOConfig) -> None:
     """TRL's warning: sequence-level ratios with a loss that sums token terms weight sequences by their length."""
-    if args.importance_sampling_level == "sequence" and args.loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
+    if args.importance_sampling_level == "sequence" and args.loss_type in LENGTH_WEIGHTED_LOSSES:
         logger.warning(
             f"When using `importance_sampling_level='sequence'`, the `'{args.loss_type}'` loss sums per-token "
             "contributions, which effectively weights each sequence by its completion length instead of "

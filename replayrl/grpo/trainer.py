@@ -350,7 +350,7 @@ class GRPOTrainer(
         if self.args.mask_truncated_completions:
             loss_mask = loss_mask * (~rollout.truncated).unsqueeze(1)
         num_tokens = None
-        if self.args.loss_type in algos.GLOBAL_TOKEN_MEAN_LOSSES or self.entropy_control.enabled:
+        if algos.grpo_loss(self.args.loss_type).aggregation.global_token_count or self.entropy_control.enabled:
             # token mean over the global batch; DDP averages over processes
             total = self.accelerator.reduce(loss_mask.sum(), reduction="sum")
             num_tokens = float(total) / self.accelerator.num_processes
