@@ -12,13 +12,46 @@ The batch loss is the mean of the per-example values.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-KTOLossType = Literal["kto", "apo_zero_unpaired"]
-KTO_LOSS_TYPES = ("kto", "apo_zero_unpaired")
+
+def _kto(logratios: Tensor, z0: Tensor, beta: float) -> tuple[Tensor, Tensor]:
+    return 1 - torch.sigmoid(beta * (logratios - z0)), 1 - torch.sigmoid(beta * (z0 - logratios))
+
+
+def _apo_zero_unpaired(logratios: Tensor, z0: Tensor, beta: float) -> tuple[Tensor, Tensor]:
+    return 1 - torch.sigmoid(beta * logratios), torch.sigmoid(beta * logratios)
+
+
+@dataclass(frozen=True)
+class KTOLoss:
+    """One KTO loss type. ``fn(logratios (B,), z0, beta) -> (desirable loss (B,), undesirable loss (B,))``, before
+    the weights; ``reference_point``: it uses z0, so the trainer estimates it from mismatched pairs."""
+
+    fn: Callable[[Tensor, Tensor, float], tuple[Tensor, Tensor]]
+    reference_point: bool
+    source: str
+
+
+KTO_LOSSES: dict[str, KTOLoss] = {
+    "kto": KTOLoss(_kto, True, "arXiv:2402.01306"),
+    "apo_zero_unpaired": KTOLoss(_apo_zero_unpaired, False, "arXiv:2408.06266"),
+}
+"""loss_type -> KTOLoss: the one place KTO's loss types are defined (the config's allowed values derive from it)."""
+KTO_LOSS_TYPES = tuple(KTO_LOSSES)
+KTOLossType = Literal[KTO_LOSS_TYPES]  # type: ignore[valid-type]  # derived from the registry
+
+
+def kto_loss_entry(loss_type: str) -> KTOLoss:
+    """The registry entry of ``loss_type``; ValueError naming the valid ones otherwise."""
+    if loss_type not in KTO_LOSSES:
+        raise ValueError(f"loss_type must be one of {KTO_LOSS_TYPES} (got {loss_type!r}).")
+    return KTO_LOSSES[loss_type]
 
 
 def kto_reference_point(kl_sum: Tensor, kl_count: Tensor) -> Tensor:
@@ -39,14 +72,7 @@ def kto_losses(
     """Per-example KTO losses, weighted. ``logratios: (B,)`` (with gradient), ``desirable: (B,)`` bool,
     ``reference_point``: z0 (scalar, detached; unused by apo_zero_unpaired) -> ``(B,)``."""
     z0 = torch.as_tensor(reference_point, dtype=logratios.dtype, device=logratios.device).detach()
-    if loss_type == "kto":
-        good = 1 - torch.sigmoid(beta * (logratios - z0))
-        bad = 1 - torch.sigmoid(beta * (z0 - logratios))
-    elif loss_type == "apo_zero_unpaired":
-        good = 1 - torch.sigmoid(beta * logratios)
-        bad = torch.sigmoid(beta * logratios)
-    else:
-        raise ValueError(f"unknown KTO loss_type {loss_type!r}; expected one of {KTO_LOSS_TYPES}")
+    good, bad = kto_loss_entry(loss_type).fn(logratios, z0, beta)
     return torch.where(desirable, desirable_weight * good, undesirable_weight * bad)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from replayrl.algos.kto import KTO_LOSS_TYPES
+from replayrl.algos.kto import KTO_LOSSES, kto_loss_entry
 from replayrl.training_args import TRLBaseArguments, resolve_pad_to_multiple_of
 
 
@@ -51,7 +51,10 @@ class KTOConfig(TRLBaseArguments):
         default=None, metadata=_help("Batch size of that precomputation (not supported here).")
     )
     # Loss
-    loss_type: str = field(default="kto", metadata=_help("'kto' (arXiv:2402.01306) or 'apo_zero_unpaired'."))
+    loss_type: str = field(
+        default="kto",
+        metadata=_help(" or ".join(f"'{name}' ({loss.source})" for name, loss in KTO_LOSSES.items()) + "."),
+    )
     beta: float = field(default=0.1, metadata=_help("Deviation from the reference: higher beta, less deviation."))
     desirable_weight: float = field(default=1.0, metadata=_help("Weight of the desirable examples' losses."))
     undesirable_weight: float = field(default=1.0, metadata=_help("Weight of the undesirable examples' losses."))
@@ -81,8 +84,8 @@ class KTOConfig(TRLBaseArguments):
         for bad, reason in refusals:
             if bad:
                 raise ValueError(f"{reason}; leave it at its default (the reference is scored on the fly).")
+        kto_loss_entry(self.loss_type)  # ValueError naming the registry's loss types
         checks = [
-            (self.loss_type in KTO_LOSS_TYPES, f"loss_type must be one of {KTO_LOSS_TYPES} (got {self.loss_type!r})."),
             (self.beta > 0, f"beta must be > 0 (got {self.beta})."),
             (
                 self.desirable_weight >= 0 and self.undesirable_weight >= 0,

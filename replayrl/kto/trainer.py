@@ -22,7 +22,7 @@ from torch import Tensor
 from transformers import PreTrainedModel, Trainer, TrainerCallback
 
 from replayrl.accumulation import OwnLossScalingMixin
-from replayrl.algos.kto import kto_losses, kto_reference_point, mismatched_partners
+from replayrl.algos.kto import kto_loss_entry, kto_losses, kto_reference_point, mismatched_partners
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.preference import truncate_pair
 from replayrl.data.unpaired import (
@@ -104,7 +104,7 @@ class KTOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetricsMixin, Tr
     @staticmethod
     def _check_batch(args: KTOConfig) -> None:
         rows = args.per_device_train_batch_size * args.gradient_accumulation_steps
-        if args.loss_type == "kto" and rows < 2:
+        if kto_loss_entry(args.loss_type).reference_point and rows < 2:
             raise ValueError(
                 f"per_device_train_batch_size * gradient_accumulation_steps = {rows}: KTO's KL estimate pairs each "
                 "prompt with another row's completion, so each process needs at least 2 rows per optimizer step. "
@@ -173,7 +173,7 @@ class KTOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetricsMixin, Tr
     def _reference_point(self, batches: list[dict]) -> Tensor:
         """z0 from mismatched pairs of all rows of `batches` (this process), averaged over every process."""
         device = self.accelerator.device
-        if self.args.loss_type != "kto":
+        if not kto_loss_entry(self.args.loss_type).reference_point:
             return torch.zeros((), device=device)
         pairs = [pair for batch in batches for pair in split_rows(batch)]
         if len(pairs) < 2:  # e.g. a last evaluation batch of one row: it adds nothing to the estimate
