@@ -120,7 +120,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         ignored = sorted(k for k in seed_kwargs if k in SEED_IGNORED_KWARGS and seed_kwargs[k] is not None)
         if ignored:
             warnings.warn(
-                f"SFTTrainer ignores the seed's ConstantLengthDataset arguments {ignored}: packing is exact "
+                f"SFTTrainer ignores TRL v0.7.1's ConstantLengthDataset arguments {ignored}: packing is exact "
                 "(best-fit-decreasing, documents kept apart); see SFTConfig.packing / packing_strategy.",
                 UserWarning,
                 stacklevel=3,

@@ -195,7 +195,7 @@ def test_bad_input_errors(tmp_path):
         SFTTrainer(model, sft_args(tmp_path), train_dataset=Dataset.from_dict({"question": ["q"]}), tokenizer=tok)
     with pytest.raises(TypeError, match="unexpected keyword arguments \\['bogus'\\]"):
         SFTTrainer(model, sft_args(tmp_path), train_dataset=addition_dataset(), tokenizer=tok, bogus=True)
-    with pytest.warns(UserWarning, match="ignores the seed's ConstantLengthDataset arguments \\['infinite'\\]"):
+    with pytest.warns(UserWarning, match="ignores TRL v0.7.1's ConstantLengthDataset arguments \\['infinite'\\]"):
         SFTTrainer(model, sft_args(tmp_path), train_dataset=addition_dataset(), tokenizer=tok, infinite=True)
     with pytest.raises(ValueError, match="Expected a datasets.Dataset or datasets.IterableDataset, got list"):
         SFTTrainer(model, sft_args(tmp_path), train_dataset=[{"text": "a"}], tokenizer=tok)
