@@ -1,9 +1,10 @@
 """`replayrl distillation [--config recipe.yaml] [--<field> value ...]`: on-policy distillation, plot, summarise.
 
 Every `DistillationConfig` field (TRL 1.16's, so every `transformers.TrainingArguments` field too) is a flag, among
-them --teacher_model_name_or_path, plus --model_name_or_path (the student), --dataset_name (a `prompt` column),
---dataset_split, --dataset_test_split. Values: CLI defaults < the built-in job's settings (only without a model and
-a dataset) < the --config recipe < flags.
+them --teacher_model_name_or_path, plus `ModelConfig`'s (--model_name_or_path: the student; loading options, which
+reach the teacher too as in TRL's `trl distillation`; --use_peft and LoRA for the student), --dataset_name (a
+`prompt` column), --dataset_split, --dataset_test_split. Values: CLI defaults < the built-in job's settings (only
+without a model and a dataset) < the --config recipe < flags.
 
 Built-in job: the teacher is `replayrl grpo`'s warmed-up tiny addition policy (replayrl/tasks/addition.py); the
 student a tiny Qwen2 of the same size with random weights. The student samples answers to the addition prompts and
@@ -17,15 +18,16 @@ from typing import Any
 
 from replayrl.cli.common import (
     CLIError,
-    ModelArguments,
     ScriptArguments,
     builtin_job,
     builtin_job_logging,
+    model_loading,
     parse_command,
     run_job,
     user_datasets,
 )
 from replayrl.distillation import DistillationConfig
+from replayrl.models.model_config import ModelConfig
 from replayrl.tasks import addition
 
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -41,7 +43,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
 }
 
 
-def build_trainer(script: ScriptArguments, model_args: ModelArguments, config: DistillationConfig):
+def build_trainer(script: ScriptArguments, model_args: ModelConfig, config: DistillationConfig):
     from replayrl.distillation import DistillationTrainer
     from replayrl.models.tiny import build_tiny_model
 
@@ -57,11 +59,22 @@ def build_trainer(script: ScriptArguments, model_args: ModelArguments, config: D
                                    processing_class=tokenizer)  # fmt: skip
     if config.teacher_model_name_or_path is None:
         raise CLIError("--teacher_model_name_or_path is required with --model_name_or_path")
-    return DistillationTrainer(model_args.model_name_or_path, args=config, train_dataset=train, eval_dataset=evaluation)
+    peft_config = model_loading(model_args, config)
+    config.teacher_model_init_kwargs = teacher_loading(model_args, config.teacher_model_init_kwargs)
+    return DistillationTrainer(model_args.model_name_or_path, args=config, train_dataset=train,
+                               eval_dataset=evaluation, peft_config=peft_config)  # fmt: skip
+
+
+def teacher_loading(model_args: ModelConfig, given: dict | None) -> dict | None:
+    """The teacher's `from_pretrained` keyword arguments: --dtype and --attn_implementation as for the student
+    (TRL's `trl distillation` does the same), under the config's own `teacher_model_init_kwargs`."""
+    shared = {"dtype": model_args.dtype, "attn_implementation": model_args.attn_implementation}
+    kwargs = {**{k: v for k, v in shared.items() if v is not None}, **(given or {})}
+    return kwargs or None
 
 
 def run(argv: list[str]) -> int:
-    types = (ScriptArguments, ModelArguments, DistillationConfig)
+    types = (ScriptArguments, ModelConfig, DistillationConfig)
     description = "On-policy distillation: the student samples, the teacher's distributions are the target."
     script, model_args, config = parse_command("distillation", types, argv, DEFAULT_CONFIG, description=description)
     describe = f"{model_args.model_name_or_path} <- {config.teacher_model_name_or_path} on {script.dataset_name}"

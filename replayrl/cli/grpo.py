@@ -222,11 +222,16 @@ def _datasets(script: ScriptArguments, config: GRPOWithReplayBufferConfig) -> tu
 
 # ---------------------------------------------------------------------------------------------- grpo command
 def build_trainer(
-    script: ScriptArguments, model_args: ModelConfig, config: GRPOWithReplayBufferConfig
+    script: ScriptArguments,
+    model_args: ModelConfig,
+    config: GRPOWithReplayBufferConfig,
+    trainer_cls: type | None = None,
 ) -> GRPOWithReplayBufferTrainer:
-    """Datasets, rewards, model and trainer; any problem with them is a CLIError."""
+    """Datasets, rewards, model and trainer (`trainer_cls`, default GRPOWithReplayBufferTrainer; `replayrl rloo`
+    passes RLOOTrainer, built on the same rollout); any problem with them is a CLIError."""
     from replayrl.replay.trainer import GRPOWithReplayBufferTrainer
 
+    trainer_cls = trainer_cls or GRPOWithReplayBufferTrainer
     builtin_task = script.dataset_name is None
     rewards = resolve_rewards(script.reward_funcs, script.reward_model_name_or_path, builtin_task)
     train, evaluation = _datasets(script, config)
@@ -236,7 +241,7 @@ def build_trainer(
         else:
             model, tokenizer = model_args.model_name_or_path, None
         peft_config = model_loading(model_args, config)
-        return GRPOWithReplayBufferTrainer(
+        return trainer_cls(
             model=model,
             reward_funcs=rewards,
             args=config,

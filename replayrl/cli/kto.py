@@ -1,9 +1,10 @@
 """`replayrl kto [--config recipe.yaml] [--<field> value ...]`: train with KTO, plot, summarise.
 
 Every `KTOConfig` field (TRL 1.16's, so every `transformers.TrainingArguments` field too) is a flag, plus
---model_name_or_path, --dataset_name (rows prompt/completion/label, or chosen/rejected pairs, which are unpaired),
---dataset_split, --dataset_test_split. Values: CLI defaults < the built-in job's settings (only without a model and
-a dataset) < the --config recipe < flags.
+`ModelConfig`'s (--model_name_or_path, loading options, --use_peft and LoRA, as TRL's `trl kto`), --dataset_name
+(rows prompt/completion/label, or chosen/rejected pairs, which are unpaired), --dataset_split, --dataset_test_split.
+Values: CLI defaults < the built-in job's settings (only without a model and a dataset) < the --config recipe <
+flags.
 
 Built-in job: `replayrl dpo`'s addition preferences (chosen: the sum; rejected: the sum badly formed), unpaired
 into thumbs-up / thumbs-down rows, on the warmed-up tiny addition policy; evaluated on the 20 held-out operand
@@ -14,9 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from replayrl.cli.common import ModelArguments, ScriptArguments, builtin_job_logging, parse_command, run_job
+from replayrl.cli.common import ScriptArguments, builtin_job_logging, model_loading, parse_command, run_job
 from replayrl.cli.preference import DESCRIPTION, describe, job_inputs
 from replayrl.kto import KTOConfig
+from replayrl.models.model_config import ModelConfig
 from replayrl.tasks import addition
 
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -34,7 +36,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
 
 
 def run(argv: list[str]) -> int:
-    types = (ScriptArguments, ModelArguments, KTOConfig)
+    types = (ScriptArguments, ModelConfig, KTOConfig)
     description = DESCRIPTION.format(name="KTO")
     script, model_args, config = parse_command("kto", types, argv, DEFAULT_CONFIG, description=description)
 
@@ -42,7 +44,8 @@ def run(argv: list[str]) -> int:
         from replayrl.kto import KTOTrainer
 
         train, evaluation, model, tokenizer = job_inputs(script, model_args, config, addition.build_default_model)
-        return KTOTrainer(model, args=config, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer)
+        data = {"train_dataset": train, "eval_dataset": evaluation, "processing_class": tokenizer}
+        return KTOTrainer(model, args=config, peft_config=model_loading(model_args, config), **data)
 
     job = f"{describe(script, model_args, ', unpaired')}; loss_type {config.loss_type}, beta {config.beta}"
     tiny = model_args.model_name_or_path is None

@@ -32,7 +32,7 @@ PANELS: list[tuple[str, list[tuple[str, str]], str]] = [
         [("replay/buffer_size", "buffer size (groups)"), ("replay/groups_replaced", "groups replaced")],
         "not logged: replay buffer off",
     ),
-    ("KL(policy || reference)", [("kl", "k3 estimate per token")], "not logged: beta = 0, no KL term"),
+    ("KL(policy || reference)", [("kl", "per token (GRPO: k3, RLOO: k1)")], "not logged: beta = 0, no KL term"),
     ("Completion length (tokens)", [("completion_length", "mean")], "not logged"),
     ("Entropy (nats per token)", [("entropy", "mean")], "not logged"),
 ]

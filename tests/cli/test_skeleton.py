@@ -54,18 +54,30 @@ def test_a_run_without_matplotlib_writes_metrics_and_skips_the_plot(tmp_path, ca
     assert "plot: skipped: plotting needs matplotlib: pip install 'replayrl[plot]'" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("command", ["sft", "dpo"])
+# what each command needs beyond the model and LoRA flags: its rows, and its own flags
+ROWS_AND_FLAGS = {
+    "sft": (lambda a: {"prompt": f"{a}+1=", "completion": str(a + 1)}, []),
+    "dpo": (lambda a: {"prompt": f"{a}+1=", "chosen": str(a + 1), "rejected": "x"}, []),
+    "kto": (lambda a: {"prompt": f"{a}+1=", "completion": str(a + 1), "label": a % 2 == 0}, ["--bf16", "false"]),
+    "rloo": (lambda a: {"prompt": f"{a}+1="}, ["--reward_funcs", "length", "--max_completion_length", "4", "--bf16",
+                                              "false"]),
+    "distillation": (lambda a: {"prompt": f"{a}+1="}, ["--max_completion_length", "4", "--bf16", "false"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", list(ROWS_AND_FLAGS))
 def test_model_config_flags_reach_the_trainer(tmp_path, model_dir, command):
-    """--use_peft / --lora_r (ModelConfig) train a LoRA adapter; --dtype reaches from_pretrained."""
+    """--use_peft / --lora_r (ModelConfig) train a LoRA adapter; --dtype reaches from_pretrained. The flags of TRL's
+    `trl <command>` scripts, which all take ModelConfig."""
     import json
 
+    row, flags = ROWS_AND_FLAGS[command]
+    if command == "distillation":
+        flags = [*flags, "--teacher_model_name_or_path", model_dir]
     data = tmp_path / "data.jsonl"
-    rows = [{"prompt": f"{a}+1=", "completion": str(a + 1)} for a in range(8)]
-    if command == "dpo":
-        rows = [{"prompt": r["prompt"], "chosen": r["completion"], "rejected": "x"} for r in rows]
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data.write_text("".join(json.dumps(row(a)) + "\n" for a in range(8)))
     out = tmp_path / "run"
-    argv = [command, "--model_name_or_path", model_dir, "--dataset_name", str(data), "--output_dir", str(out)]
+    argv = [command, "--model_name_or_path", model_dir, "--dataset_name", str(data), "--output_dir", str(out), *flags]
     argv += ["--max_steps", "1", "--per_device_train_batch_size", "4", "--use_peft", "--lora_r", "4"]
     argv += ["--lora_target_modules", "q_proj", "v_proj", "--dtype", "float32", "--dataloader_pin_memory", "false"]
     assert main(argv) == 0

@@ -41,3 +41,13 @@ def test_user_student_teacher_and_prompts(tmp_path, capsys):
     assert read_metrics(tmp_path / "o" / METRICS_FILE)[0]["divergence"] > 0
     assert main(["distillation", "--model_name_or_path", student, "--dataset_name", str(data)]) == 2
     assert "--teacher_model_name_or_path is required" in capsys.readouterr().err
+
+
+def test_loading_flags_reach_the_teacher_under_its_own_kwargs():
+    from replayrl.cli.distillation import teacher_loading
+    from replayrl.models.model_config import ModelConfig
+
+    flags = ModelConfig(model_name_or_path="s", dtype="bfloat16", attn_implementation="sdpa")
+    assert teacher_loading(flags, None) == {"dtype": "bfloat16", "attn_implementation": "sdpa"}
+    assert teacher_loading(flags, {"dtype": "float32"}) == {"dtype": "float32", "attn_implementation": "sdpa"}
+    assert teacher_loading(ModelConfig(model_name_or_path="s"), None) is None
