@@ -142,7 +142,8 @@ def main(argv=None) -> None:
                 runs.append(result)
                 print(
                     f"  {trainer} round {r} {impl:8s} {median(result['steps']):.3f} s/step, "
-                    f"working set {result['working_set_mib']:.0f} MiB, loss {result['loss']}",
+                    f"working set {result['working_set_mib']:.0f} MiB, loss {result['loss']}"
+                    + (f", {result['timing']}" if result.get("timing") else ""),
                     flush=True,
                 )
         rows.append(summarize(trainer, per_side))

@@ -26,7 +26,7 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
-from common import GRPO_SETTINGS, make_random_reward, rss_mib  # noqa: E402
+from common import GRPO_SETTINGS, make_random_reward, median, rss_mib  # noqa: E402
 
 # Spelled out for every trainer and both libraries (TRL 1.16 defaults to bf16=True and gradient checkpointing):
 # GRPO's shared settings where they apply to every trainer, plus these.
@@ -222,6 +222,10 @@ def main() -> None:
     loss = next((r["loss"] for r in trainer.state.log_history if "loss" in r), None)
     result = {"impl": args.impl, "trainer": args.trainer, "steps": steps, "cpu_steps": cpu_steps, "loss": loss}
     result["tokens_per_step"] = tokens
+    # replayrl's own split of a GRPO step (timing/generation, timing/optimization, ...): median over timed steps
+    timed = [r for r in trainer.state.log_history if "loss" in r][args.warmup :]
+    keys = {k for r in timed for k in r if k.startswith("timing/")}
+    result["timing"] = {k: median([r[k] for r in timed if k in r]) for k in sorted(keys)}
     result.update(mem)
     result["optimizer_floor_mib"] = optimizer_floor_mib(trainer)
     print("RESULT " + json.dumps(result), flush=True)

@@ -289,6 +289,9 @@ class SafeCheckpointsMixin:
             )
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kw):
+        from replayrl.models.lean_layers import set_lean_layers
+
+        set_lean_layers(self.model, getattr(self.args, "memory_efficient_layers", True))
         checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
         if checkpoint is None:
             self._refuse_stale_checkpoints()

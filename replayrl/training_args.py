@@ -10,13 +10,22 @@ from transformers import TrainingArguments as _HFTrainingArguments
 @dataclass
 class TrainingArguments(_HFTrainingArguments):
     """transformers' `TrainingArguments` plus `overwrite_output_dir` (dropped by transformers 5, which replayrl
-    brings back because it refuses to start a fresh run in a directory holding an earlier run's checkpoints)."""
+    brings back because it refuses to start a fresh run in a directory holding an earlier run's checkpoints) and
+    `memory_efficient_layers` (replayrl's own: `replayrl.models.lean_layers`)."""
 
     overwrite_output_dir: bool = field(
         default=False,
         metadata={
             "help": "Start afresh in an output_dir that holds checkpoints, deleting them. Without it such a "
             "directory is refused unless resume_from_checkpoint is set."
+        },
+    )
+    memory_efficient_layers: bool = field(
+        default=True,
+        metadata={
+            "help": "RMSNorm and SwiGLU MLP layers (Llama/Qwen/Mistral families) that keep fewer activations for "
+            "the backward pass: the same forward, about a third less activation memory (replayrl.models."
+            "lean_layers). False: the modules' own forward."
         },
     )
 

@@ -28,11 +28,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 # Bytes of float32 logits one chunk may hold (its softmax and gradient take about as much again, twice). On an
-# accelerator a chunk's rows share one read of the lm_head's weight, so chunks are large; a CPU's matrix products
-# are compute-bound already at a few rows, and there every chunk buffer is resident memory (freed ones too: glibc
-# keeps blocks under its 32 MiB mmap threshold in the heap), so chunks are small: on the 152k vocabulary, 13 rows
-# against 55, the same step time and ~160 MiB less peak RSS in the DPO step of `benchmarks/scale.py`.
-DEFAULT_CHUNK_BYTES = 32 * 2**20
+# accelerator every chunk reads the lm_head's weight (272 MB at 152k x 896 in bf16) three times and adds into its
+# gradient once, and launches a dozen kernels: 32 MiB chunks (55 rows at 152k) made an 8 x 1024-token SFT step on
+# an H200 2.3x TRL's time, so chunks there are 256 MiB (441 rows; ~0.8 GB transient, against the 7.5 GB of a full
+# bf16 + float32 logits copy). A CPU's matrix products are compute-bound already at a few rows, and there every
+# chunk buffer is resident memory (freed ones too: glibc keeps blocks under its 32 MiB mmap threshold in the heap),
+# so chunks are small: on the 152k vocabulary, 13 rows against 55, the same step time and ~160 MiB less peak RSS in
+# the DPO step of `benchmarks/scale.py`.
+DEFAULT_CHUNK_BYTES = 256 * 2**20
 CPU_CHUNK_BYTES = 8 * 2**20
 
 

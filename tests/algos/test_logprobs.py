@@ -201,8 +201,8 @@ def test_linear_cross_entropy_equals_torch_cross_entropy():
 
 
 def test_default_chunk_size_bounds_a_chunk():
-    assert default_chunk_size(151_936) * 151_936 * 4 <= DEFAULT_CHUNK_BYTES == 32 * 2**20
-    assert default_chunk_size(151_936) == default_chunk_size(151_936, device="cuda:0") == 55
+    assert default_chunk_size(151_936) * 151_936 * 4 <= DEFAULT_CHUNK_BYTES == 256 * 2**20
+    assert default_chunk_size(151_936) == default_chunk_size(151_936, device="cuda:0") == 441
     assert default_chunk_size(151_936, device=torch.device("cpu")) == 13  # CPU_CHUNK_BYTES: 8 MiB
     assert default_chunk_size(151_936, 4 * 151_936 * 3, device="cpu") == 3
     assert default_chunk_size(10**12) == 1
