@@ -167,6 +167,6 @@ def make_layers_plain(model: nn.Module) -> int:
 
 
 def set_lean_layers(model: nn.Module, lean: bool) -> int:
-    """`make_layers_lean` or `make_layers_plain` as the config's ``memory_efficient_layers`` says (every trainer's
-    `train()` calls this on its model)."""
+    """`make_layers_lean` or `make_layers_plain` as the config's ``memory_efficient_layers`` says (the `train()`
+    of every trainer built on transformers' Trainer calls this on its model)."""
     return make_layers_lean(model) if lean else make_layers_plain(model)
