@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 from collections import defaultdict
-from contextlib import contextmanager
 
 import torch
 from accelerate import PartialState
@@ -37,7 +36,7 @@ from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.attention import is_peft_model
 from replayrl.models.loading import apply_peft, disable_dropout, load_model, load_tokenizer, model_id
 from replayrl.models.moe import RouterAuxLossMixin
-from replayrl.models.reference import SyncRefModelCallback
+from replayrl.models.reference import ReferenceModelMixin, check_ref_sync
 
 SEED_ARGS = (
     "beta",
@@ -51,7 +50,7 @@ SEED_ARGS = (
 )
 
 
-class DPOTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
+class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
     """TRL-compatible DPO trainer. Arguments as TRL's `DPOTrainer`; TRL v0.7.1's `beta`, `max_length`, ...
     may also be given here, and override `args`."""
 
@@ -110,14 +109,10 @@ class DPOTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
             optimizers=optimizers,
         )
         self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
-        self.ref_model = ref_model
-        if self.ref_model is not None:
-            self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
+        self._set_ref_model(ref_model)  # ReferenceModelMixin: prepared; TR-DPO's sync with sync_ref_model
         if args.precompute_ref_log_probs:
             self._precompute_all()
         attach_metrics_file(self)
-        if args.sync_ref_model:
-            self.add_callback(SyncRefModelCallback(self))
 
     # ----------------------------------------------------------------------------------------- setup
     @staticmethod
@@ -138,8 +133,7 @@ class DPOTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         """(policy, reference or None): loaded, PEFT-wrapped, dropout off."""
         model = apply_peft(load_model(model, args.model_init_kwargs), peft_config)
         ref_model = DPOTrainer._build_ref_model(model, ref_model, args)
-        if args.sync_ref_model and ref_model is None:
-            raise ValueError("sync_ref_model=True needs a separate reference model; it cannot be used with PEFT.")
+        check_ref_sync(args, ref_model)
         if args.disable_dropout:
             for m in (model, ref_model):
                 if m is not None:
@@ -196,19 +190,6 @@ class DPOTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
 
     # ----------------------------------------------------------------------------------------- reference
-    @contextmanager
-    def _reference(self):
-        """Yields the model that plays the reference: the ref model, the policy with its adapter disabled
-        (PEFT), or the policy itself (precomputing before any update)."""
-        if self.ref_model is not None:
-            yield self.ref_model
-        elif self.is_peft_model:
-            policy = self.accelerator.unwrap_model(self.model)
-            with policy.disable_adapter():
-                yield policy
-        else:
-            yield self.model
-
     @torch.no_grad()
     def compute_ref_log_probs(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """Reference sequence log-probs (B,), (B,) of the batch's chosen and rejected completions."""
@@ -383,19 +364,6 @@ class DPOTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         with torch.no_grad(), self.compute_loss_context_manager():
             loss, _ = self.get_batch_loss_metrics(model, inputs, "eval")
         return loss.detach(), None, None
-
-    # ----------------------------------------------------------------------------------------- checkpoints
-    def _extra_state(self) -> dict:
-        """TR-DPO's reference changes during training: it goes into the checkpoint."""
-        if not self.args.sync_ref_model:
-            return {}
-        return {"ref_model": self.accelerator.unwrap_model(self.ref_model).state_dict()}
-
-    def _load_extra_state(self, state: dict) -> None:
-        if self.args.sync_ref_model:
-            if "ref_model" not in state:
-                raise ValueError("The checkpoint was not saved with sync_ref_model=True: it has no TR-DPO reference.")
-            self.accelerator.unwrap_model(self.ref_model).load_state_dict(state["ref_model"])
 
     # ----------------------------------------------------------------------------------------- metrics
     def _record_metrics(self, mode: str, out: dict, chosen_rewards, rejected_rewards, losses) -> None:

@@ -14,7 +14,6 @@ Departures from TRL: docs/kto.md.
 from __future__ import annotations
 
 import copy
-from contextlib import contextmanager
 
 import torch
 from accelerate import PartialState
@@ -39,10 +38,10 @@ from replayrl.metrics.means import MeanMetricsMixin
 from replayrl.models.attention import is_peft_model
 from replayrl.models.lm_head import forward_to_head
 from replayrl.models.loading import apply_peft, disable_dropout, load_model, load_tokenizer, model_id
-from replayrl.models.reference import SyncRefModelCallback
+from replayrl.models.reference import ReferenceModelMixin, check_ref_sync
 
 
-class KTOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetricsMixin, Trainer):
+class KTOTrainer(ReferenceModelMixin, OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetricsMixin, Trainer):
     """TRL-compatible KTO trainer: `KTOTrainer(model, ref_model=None, args=KTOConfig(...), train_dataset=...)`."""
 
     _tag_names = ["trl", "kto", "replayrl"]
@@ -73,6 +72,7 @@ class KTOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetricsMixin, Tr
         processing_class = load_tokenizer(processing_class, model, **remote)
         model = apply_peft(model, peft_config)
         ref_model = self._build_ref_model(model, ref_model, args)
+        check_ref_sync(args, ref_model)
         with PartialState().main_process_first():
             train_dataset = self._tokenize(train_dataset, "train_dataset", processing_class, args)
             eval_dataset = self._tokenize(eval_dataset, "eval_dataset", processing_class, args)
@@ -91,14 +91,8 @@ class KTOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetricsMixin, Tr
         )
         self._pad_id = pad_id
         self._init_metrics()
-        self.ref_model = ref_model
-        if self.ref_model is not None:
-            self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
+        self._set_ref_model(ref_model)  # ReferenceModelMixin: prepared; TR-DPO's sync with sync_ref_model
         attach_metrics_file(self)
-        if args.sync_ref_model:
-            if self.ref_model is None:
-                raise ValueError("sync_ref_model=True needs a separate reference model; it cannot be used with PEFT.")
-            self.add_callback(SyncRefModelCallback(self))
 
     # ----------------------------------------------------------------------------------------- setup
     @staticmethod
@@ -193,16 +187,6 @@ class KTOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetricsMixin, Tr
         stats = self.accelerator.reduce(stats, reduction="sum")
         return kto_reference_point(stats[0], stats[1])
 
-    @contextmanager
-    def _reference(self):
-        """The reference model, or the policy with its adapter disabled (PEFT)."""
-        if self.ref_model is not None:
-            yield self.ref_model
-        else:
-            policy = self.accelerator.unwrap_model(self.model)
-            with policy.disable_adapter():
-                yield policy
-
     # ----------------------------------------------------------------------------------------- loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         mode = "train" if model.training else "eval"
@@ -250,17 +234,6 @@ class KTOTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetricsMixin, Tr
             m["rewards/margins"].append(m["rewards/chosen"][-1] - m["rewards/rejected"][-1])
         m["entropy"].append(s[6] / max(s[7], 1.0))
         m["kl"].append(float(z0))
-
-    # ----------------------------------------------------------------------------------------- checkpoints
-    def _extra_state(self) -> dict:
-        """TR-DPO's moving reference (sync_ref_model) is part of the training state."""
-        if not self.args.sync_ref_model:
-            return {}
-        return {"ref_model": self.accelerator.unwrap_model(self.ref_model).state_dict()}
-
-    def _load_extra_state(self, state: dict) -> None:
-        if self.args.sync_ref_model:
-            self.accelerator.unwrap_model(self.ref_model).load_state_dict(state["ref_model"])
 
 
 def completion_logps(model, batch: dict[str, Tensor], with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:

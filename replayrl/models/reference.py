@@ -1,9 +1,15 @@
-"""Reference models: TR-DPO's sync of the reference towards the policy (arXiv:2404.09656)."""
+"""Reference models: the context that yields the model playing the reference, TR-DPO's sync of the reference
+towards the policy (arXiv:2404.09656) and its checkpoint state, shared by the trainers with a separate reference."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from transformers import TrainerCallback
+
+from replayrl.models.attention import is_peft_model
 
 
 class SyncRefModelCallback(TrainerCallback):
@@ -20,3 +26,50 @@ class SyncRefModelCallback(TrainerCallback):
         alpha = args.ref_model_mixup_alpha
         for ref, pol in zip(unwrap(self.trainer.ref_model).parameters(), unwrap(self.trainer.model).parameters()):
             ref.mul_(1 - alpha).add_(pol.detach(), alpha=alpha)
+
+
+def check_ref_sync(args, ref_model) -> None:
+    """Before any expensive work: TR-DPO moves a separate reference, which PEFT (adapter disabled) does not have."""
+    if args.sync_ref_model and ref_model is None:
+        raise ValueError("sync_ref_model=True needs a separate reference model; it cannot be used with PEFT.")
+
+
+class ReferenceModelMixin:
+    """For a `transformers.Trainer` with `self.ref_model` (None: the policy plays the reference, with its PEFT
+    adapter disabled): `_set_ref_model` after `Trainer.__init__`, the `_reference()` context, and TR-DPO's moving
+    reference in the checkpoint (`SafeCheckpointsMixin`'s `_extra_state` hooks: list this mixin before it)."""
+
+    def _set_ref_model(self, ref_model) -> None:
+        """Prepare the reference for evaluation and, with `sync_ref_model`, attach TR-DPO's sync."""
+        self.ref_model = ref_model
+        if ref_model is not None:
+            self.ref_model = self.accelerator.prepare_model(ref_model, evaluation_mode=True)
+        check_ref_sync(self.args, self.ref_model)
+        if self.args.sync_ref_model:
+            self.add_callback(SyncRefModelCallback(self))
+
+    @contextmanager
+    def _reference(self) -> Iterator:
+        """Yields the model that plays the reference: the ref model, the policy with its adapter disabled (PEFT),
+        or the policy itself (DPO precomputing reference log-probs before any update)."""
+        if self.ref_model is not None:
+            yield self.ref_model
+            return
+        policy = self.accelerator.unwrap_model(self.model)
+        if is_peft_model(policy):
+            with policy.disable_adapter():
+                yield policy
+        else:
+            yield self.model
+
+    def _extra_state(self) -> dict:
+        """TR-DPO's reference changes during training: it goes into the checkpoint."""
+        if not self.args.sync_ref_model:
+            return {}
+        return {"ref_model": self.accelerator.unwrap_model(self.ref_model).state_dict()}
+
+    def _load_extra_state(self, state: dict) -> None:
+        if self.args.sync_ref_model:
+            if "ref_model" not in state:
+                raise ValueError("The checkpoint was not saved with sync_ref_model=True: it has no TR-DPO reference.")
+            self.accelerator.unwrap_model(self.ref_model).load_state_dict(state["ref_model"])
