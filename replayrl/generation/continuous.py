@@ -11,6 +11,7 @@ from torch import Tensor
 from transformers import GenerationConfig
 
 from replayrl.generation.base import GenerationOutput, pad_completions, unpad_prompts
+from replayrl.generation.hf import no_router_logits
 
 
 def continuous_batching_config(settings: dict | None):
@@ -37,12 +38,13 @@ class ContinuousBatchingBackend:
         was_training = self.model.training
         self.model.eval()
         try:
-            outputs = self.model.generate_batch(
-                prompts,
-                generation_config=self.generation_config,
-                continuous_batching_config=self.cb_config,
-                progress_bar=False,
-            )
+            with no_router_logits(self.model):
+                outputs = self.model.generate_batch(
+                    prompts,
+                    generation_config=self.generation_config,
+                    continuous_batching_config=self.cb_config,
+                    progress_bar=False,
+                )
         finally:
             self.model.train(was_training)
         results = list(outputs.values())  # in the order of the prompts

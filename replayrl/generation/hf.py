@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor
 from transformers import GenerationConfig
@@ -41,6 +43,24 @@ def completion_mask_from_eos(completion_ids: Tensor, eos_token_id: int | list[in
     return (positions <= first_eos.unsqueeze(1)).long(), ~has_eos
 
 
+@contextmanager
+def no_router_logits(model):
+    """Generate without the MoE router logits (and the model's aux loss) even when the config asks for them: the
+    aux loss is a training term, and transformers 5.17's decoding steps pass the whole (N, past + 1) attention
+    mask with the router logits of the new token only, so `load_balancing_loss_func` fails (4 rows against 48)."""
+    configs = [getattr(model, "config", None)]
+    if configs[0] is not None and hasattr(configs[0], "get_text_config"):
+        configs.append(configs[0].get_text_config())
+    saved = [(c, c.output_router_logits) for c in configs if getattr(c, "output_router_logits", False)]
+    for config, _ in saved:
+        config.output_router_logits = False
+    try:
+        yield
+    finally:
+        for config, value in saved:
+            config.output_router_logits = value
+
+
 @torch.no_grad()
 def generate_completions(
     model, prompt_ids: Tensor, prompt_mask: Tensor, generation_config: GenerationConfig
@@ -49,7 +69,8 @@ def generate_completions(
     was_training = model.training
     model.eval()  # no dropout; also lets generate keep its KV cache under gradient checkpointing
     try:
-        out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config)
+        with no_router_logits(model):
+            out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config)
     finally:
         model.train(was_training)
     completion_ids = out[:, prompt_ids.shape[1] :]
