@@ -309,6 +309,28 @@ class SafeCheckpointsMixin:
             **kw,
         )
 
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """transformers up to at least 5.17 loads the optimizer of a multi-process run with `map_location=args.device`,
+        an indexed `cpu:0` in a multi-process CPU (gloo) run, which `torch.load` cannot restore ("don't know how to
+        restore data location ... (tagged with cpu:0)"); newer versions map it to plain "cpu", as done here."""
+        import torch
+
+        device = self.args.device
+        plain = (
+            checkpoint is None
+            or device.type != "cpu"
+            or self.args.world_size == 1
+            or self.is_deepspeed_enabled
+            or self.is_fsdp_enabled
+            or not os.path.isfile(os.path.join(checkpoint, "optimizer.pt"))
+            or not os.path.isfile(os.path.join(checkpoint, "scheduler.pt"))
+        )
+        if plain:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        optimizer = torch.load(os.path.join(checkpoint, "optimizer.pt"), map_location="cpu", weights_only=True)
+        self.optimizer.load_state_dict(optimizer)
+        self.lr_scheduler.load_state_dict(torch.load(os.path.join(checkpoint, "scheduler.pt"), weights_only=True))
+
     def _refuse_stale_checkpoints(self) -> None:
         delete = self.args.should_save
         refuse_stale_checkpoints(self.args.output_dir, getattr(self.args, "overwrite_output_dir", False), delete)
