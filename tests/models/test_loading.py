@@ -173,3 +173,44 @@ def test_grpo_loads_a_bf16_checkpoint_in_float32_and_keeps_small_updates(bf16_di
     args = tiny_args(GRPOConfig, tmp_path, model_init_kwargs={"dtype": "bfloat16"})
     trainer = GRPOTrainer(bf16_dir, reward_funcs=_lengths, args=args, train_dataset=prompt_dataset(16))
     assert {p.dtype for p in trainer.model.parameters()} == {torch.bfloat16}
+
+
+def _dtypes(model) -> set[torch.dtype]:
+    return {p.dtype for p in model.parameters()}
+
+
+def test_kto_policy_and_reference_by_path_load_in_float32_unless_told(bf16_dir, pairs, tmp_path):
+    from replayrl import KTOConfig, KTOTrainer
+
+    def kto(**init):
+        args = KTOConfig(output_dir=str(tmp_path / "kto"), model_init_kwargs=init or None, **COMMON)
+        return KTOTrainer(bf16_dir, ref_model=bf16_dir, args=args, train_dataset=pairs)
+
+    trainer = kto()
+    assert _dtypes(trainer.model) == _dtypes(trainer.ref_model) == {torch.float32}
+    trainer = kto(dtype="bfloat16")
+    assert _dtypes(trainer.model) == _dtypes(trainer.ref_model) == {torch.bfloat16}
+
+
+def test_distillation_student_and_teacher_by_path_load_in_float32_unless_told(bf16_dir, tmp_path):
+    from replayrl import DistillationConfig, DistillationTrainer
+    from replayrl.models.tiny import prompt_dataset
+
+    def distill(**kwargs):
+        args = DistillationConfig(output_dir=str(tmp_path / "kd"), max_completion_length=4, **kwargs, **COMMON)
+        return DistillationTrainer(bf16_dir, bf16_dir, args=args, train_dataset=prompt_dataset(8))
+
+    trainer = distill()
+    assert _dtypes(trainer.model) == _dtypes(trainer.teacher_model) == {torch.float32}
+    trainer = distill(model_init_kwargs={"dtype": "bfloat16"}, teacher_model_init_kwargs={"dtype": "bfloat16"})
+    assert _dtypes(trainer.model) == _dtypes(trainer.teacher_model) == {torch.bfloat16}
+
+
+def test_rloo_loads_a_bf16_checkpoint_in_float32(bf16_dir, tmp_path):
+    from replayrl import RLOOConfig, RLOOTrainer
+    from replayrl.models.tiny import prompt_dataset
+
+    args = tiny_args(RLOOConfig, tmp_path)
+    assert _dtypes(RLOOTrainer(bf16_dir, _lengths, args=args, train_dataset=prompt_dataset(16)).model) == {
+        torch.float32
+    }
