@@ -13,7 +13,7 @@ import torch
 from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerControl, TrainerState, TrainingArguments
 
-from replayrl.cli import main
+from replayrl.cli import COMMANDS, main
 from replayrl.cli.common import CLIError
 from replayrl.cli.common import load_any_dataset as load_prompt_dataset
 from replayrl.cli.grpo import parse_grpo_args, prepare_prompts
@@ -143,6 +143,14 @@ def test_help(argv, capsys):
         for flag in ("--model_name_or_path", "--reward_funcs", "--config", "--replay_buffer_size", "--beta"):
             assert flag in out
         assert "examples:" in out
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_registered_command_is_listed_and_answers_help(command, capsys):
+    """A subcommand is its module plus its `COMMANDS` entry: nothing else lists it."""
+    assert main(["--help"]) == 0 and f"  {command} " in capsys.readouterr().out
+    assert main([command, "--help"]) == 0
+    assert f"usage: replayrl {command}" in capsys.readouterr().out
 
 
 def test_help_is_concise_grouped_and_shows_the_library_defaults(capsys):
