@@ -86,11 +86,12 @@ def one_step(tmp_path, name, data, **overrides):
     return losses(trainer)[0], torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
 
 
-def test_gradient_accumulation_1x4_equals_4x1(tmp_path):
+def test_gradient_accumulation_8x1_equals_1x8(tmp_path):
     # completions of very different lengths: a per-micro-batch mean would weight the tokens differently
-    data = Dataset.from_dict({"prompt": ["a=", "b=", "c=", "d="], "completion": ["1", "123456789", "12", "1234"]})
-    loss_a, params_a = one_step(tmp_path, "1x4", data, per_device_train_batch_size=4)
-    loss_b, params_b = one_step(tmp_path, "4x1", data, per_device_train_batch_size=1, gradient_accumulation_steps=4)
+    completions = ["1", "123456789", "12", "1234", "1234567", "123", "12345", "123456"]
+    data = Dataset.from_dict({"prompt": [f"{c}=" for c in "abcdefgh"], "completion": completions})
+    loss_a, params_a = one_step(tmp_path, "8x1", data, per_device_train_batch_size=8)
+    loss_b, params_b = one_step(tmp_path, "1x8", data, per_device_train_batch_size=1, gradient_accumulation_steps=8)
     assert loss_a == pytest.approx(loss_b, abs=1e-5)
     assert torch.allclose(params_a, params_b, atol=1e-6), (params_a - params_b).abs().max()
 
