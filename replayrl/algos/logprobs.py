@@ -30,12 +30,14 @@ from torch import Tensor
 # Bytes of float32 logits one chunk may hold (its softmax and gradient take about as much again, twice). On an
 # accelerator every chunk reads the lm_head's weight (272 MB at 152k x 896 in bf16) three times and adds into its
 # gradient once, and launches a dozen kernels: 32 MiB chunks (55 rows at 152k) made an 8 x 1024-token SFT step on
-# an H200 2.3x TRL's time, so chunks there are 256 MiB (441 rows; ~0.8 GB transient, against the 7.5 GB of a full
-# bf16 + float32 logits copy). A CPU's matrix products are compute-bound already at a few rows, and there every
+# an H200 2.3x TRL's time, so chunks there are up to 256 MiB (441 rows; ~0.8 GB transient, against the 7.5 GB of a
+# full bf16 + float32 logits copy), but at most an eighth of the positions of the call (at least 32 MiB): a batch of
+# a few hundred positions (DPO's pairs) gains nothing from large chunks and would hold their buffers. A CPU's matrix products are compute-bound already at a few rows, and there every
 # chunk buffer is resident memory (freed ones too: glibc keeps blocks under its 32 MiB mmap threshold in the heap),
 # so chunks are small: on the 152k vocabulary, 13 rows against 55, the same step time and ~160 MiB less peak RSS in
 # the DPO step of `benchmarks/scale.py`.
 DEFAULT_CHUNK_BYTES = 256 * 2**20
+MIN_CHUNK_BYTES = 32 * 2**20
 CPU_CHUNK_BYTES = 8 * 2**20
 
 
@@ -51,13 +53,18 @@ class TokenStats(NamedTuple):
     predicted: Tensor
 
 
-def default_chunk_size(vocab_size: int, chunk_bytes: int | None = None, device=None) -> int:
+def default_chunk_size(vocab_size: int, chunk_bytes: int | None = None, device=None, positions: int | None = None) -> int:
     """Positions per chunk so that one chunk of float32 logits takes at most ``chunk_bytes`` (default:
-    `CPU_CHUNK_BYTES` on a CPU ``device``, else `DEFAULT_CHUNK_BYTES`)."""
-    if chunk_bytes is None:
-        on_cpu = device is not None and torch.device(device).type == "cpu"
-        chunk_bytes = CPU_CHUNK_BYTES if on_cpu else DEFAULT_CHUNK_BYTES
-    return max(1, chunk_bytes // (4 * max(vocab_size, 1)))
+    `CPU_CHUNK_BYTES` on a CPU ``device``, else `DEFAULT_CHUNK_BYTES`). On an accelerator, given the number of
+    ``positions`` to compute, a chunk also holds at most an eighth of them (but at least `MIN_CHUNK_BYTES` worth):
+    large chunks only pay where there are many positions, and a short batch (DPO's pairs) keeps a small transient."""
+    on_cpu = device is not None and torch.device(device).type == "cpu"
+    rows = lambda budget: max(1, budget // (4 * max(vocab_size, 1)))  # noqa: E731
+    if chunk_bytes is not None or on_cpu:
+        return rows(chunk_bytes or CPU_CHUNK_BYTES)
+    if positions is None:
+        return rows(DEFAULT_CHUNK_BYTES)
+    return min(rows(DEFAULT_CHUNK_BYTES), max(rows(MIN_CHUNK_BYTES), -(-positions // 8)))
 
 
 def _chunk_logits(source: Tensor, weight: Tensor | None, bias: Tensor | None, index, sl: slice, temperature: float):
@@ -195,10 +202,10 @@ def chunked_token_stats(
     if targets.shape != source.shape[:-1]:
         raise ValueError(f"targets {tuple(targets.shape)} must match source {tuple(source.shape)} without its last dim")
     vocab = source.shape[-1] if weight is None else weight.shape[0]
-    chunk = chunk_size or default_chunk_size(vocab, device=source.device)
     if mask is None:
         mask = torch.ones(targets.shape, dtype=torch.bool, device=targets.device)
     index = mask.nonzero(as_tuple=True)
+    chunk = chunk_size or default_chunk_size(vocab, device=source.device, positions=index[0].shape[0])
     logps, entropy, predicted = _VocabChunks.apply(
         source, weight, bias, index, targets[index], temperature, chunk, with_entropy, entropy_grad
     )
@@ -295,7 +302,8 @@ def log_probs_at(
     if rows is None:
         rows = torch.arange(logits.shape[0], device=logits.device)
     index = (rows[:, None].expand_as(sources).reshape(-1), sources.reshape(-1))
-    chunk = default_chunk_size(logits.shape[-1] if weight is None else weight.shape[0], device=logits.device)
+    vocab = logits.shape[-1] if weight is None else weight.shape[0]
+    chunk = default_chunk_size(vocab, device=logits.device, positions=index[0].shape[0])
     logps, _, _ = _VocabChunks.apply(logits, weight, bias, index, targets.reshape(-1), 1.0, chunk, False, False)
     return logps.reshape(sources.shape)
 
@@ -321,7 +329,7 @@ def chunked_logit_reduce(
     index = mask.nonzero(as_tuple=True)
     n = index[0].shape[0]
     vocab = source.shape[-1] if weight is None else weight.shape[0]
-    chunk = chunk_size or default_chunk_size(vocab, device=source.device)
+    chunk = chunk_size or default_chunk_size(vocab, device=source.device, positions=n)
     values = torch.empty(n, dtype=_compute_dtype(source), device=source.device)
     for start in range(0, n, chunk):
         sl = slice(start, start + chunk)

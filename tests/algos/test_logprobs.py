@@ -204,6 +204,11 @@ def test_default_chunk_size_bounds_a_chunk():
     assert default_chunk_size(151_936) * 151_936 * 4 <= DEFAULT_CHUNK_BYTES == 256 * 2**20
     assert default_chunk_size(151_936) == default_chunk_size(151_936, device="cuda:0") == 441
     assert default_chunk_size(151_936, device=torch.device("cpu")) == 13  # CPU_CHUNK_BYTES: 8 MiB
+    # on an accelerator at most an eighth of the positions, within [32 MiB, 256 MiB] of float32 logits
+    assert default_chunk_size(151_936, device="cuda:0", positions=8192) == 441  # an SFT/GRPO step: 19 chunks
+    assert default_chunk_size(151_936, device="cuda:0", positions=640) == 80  # DPO's short pairs: 8 chunks
+    assert default_chunk_size(151_936, device="cuda:0", positions=100) == 55  # never under 32 MiB worth
+    assert default_chunk_size(151_936, device="cpu", positions=8192) == 13
     assert default_chunk_size(151_936, 4 * 151_936 * 3, device="cpu") == 3
     assert default_chunk_size(10**12) == 1
 
