@@ -31,11 +31,12 @@ from torch import Tensor
 # accelerator every chunk reads the lm_head's weight (272 MB at 152k x 896 in bf16) three times and adds into its
 # gradient once, and launches a dozen kernels: 32 MiB chunks (55 rows at 152k) made an 8 x 1024-token SFT step on
 # an H200 2.3x TRL's time, so chunks there are up to 256 MiB (441 rows; ~0.8 GB transient, against the 7.5 GB of a
-# full bf16 + float32 logits copy), but at most an eighth of the positions of the call (at least 32 MiB): a batch of
-# a few hundred positions (DPO's pairs) gains nothing from large chunks and would hold their buffers. A CPU's matrix products are compute-bound already at a few rows, and there every
-# chunk buffer is resident memory (freed ones too: glibc keeps blocks under its 32 MiB mmap threshold in the heap),
-# so chunks are small: on the 152k vocabulary, 13 rows against 55, the same step time and ~160 MiB less peak RSS in
-# the DPO step of `benchmarks/scale.py`.
+# full bf16 + float32 logits copy), but at most an eighth of the positions of the call (at least 32 MiB): a batch
+# of a few hundred positions (DPO's pairs) gains nothing from large chunks and would hold their buffers. A CPU's
+# matrix products are compute-bound already at a few rows, and there every chunk buffer is resident memory (freed
+# ones too: glibc keeps blocks under its 32 MiB mmap threshold in the heap), so chunks are small: on the 152k
+# vocabulary, 13 rows against 55, the same step time and ~160 MiB less peak RSS in the DPO step of
+# `benchmarks/scale.py`.
 DEFAULT_CHUNK_BYTES = 256 * 2**20
 MIN_CHUNK_BYTES = 32 * 2**20
 CPU_CHUNK_BYTES = 8 * 2**20
@@ -53,7 +54,9 @@ class TokenStats(NamedTuple):
     predicted: Tensor
 
 
-def default_chunk_size(vocab_size: int, chunk_bytes: int | None = None, device=None, positions: int | None = None) -> int:
+def default_chunk_size(
+    vocab_size: int, chunk_bytes: int | None = None, device=None, positions: int | None = None
+) -> int:
     """Positions per chunk so that one chunk of float32 logits takes at most ``chunk_bytes`` (default:
     `CPU_CHUNK_BYTES` on a CPU ``device``, else `DEFAULT_CHUNK_BYTES`). On an accelerator, given the number of
     ``positions`` to compute, a chunk also holds at most an eighth of them (but at least `MIN_CHUNK_BYTES` worth):
