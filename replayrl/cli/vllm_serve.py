@@ -10,24 +10,36 @@ from __future__ import annotations
 import importlib.util
 import signal
 import sys
+from dataclasses import dataclass, field
 
-from replayrl.cli.common import PROG, ArgParser, CLIError, HelpFormatter
+from replayrl.cli.common import PROG, CLIError, make_parser
+from replayrl.cli.common import help_text as _help
 
 
-def _parser() -> ArgParser:
-    parser = ArgParser(
-        prog=f"{PROG} vllm-serve", description=__doc__, formatter_class=HelpFormatter, allow_abbrev=False
-    )
-    parser.add_argument("--model", required=True, help="model to serve: a local folder or a hub name")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes weight replacement)")
-    parser.add_argument("--port", type=int, default=8000, help="port to listen on")
-    parser.add_argument("--tensor_parallel_size", type=int, default=1, help="GPUs to shard the model over")
-    parser.add_argument("--gpu_memory_utilization", type=float, default=None, help="GPU memory share for vLLM")
-    parser.add_argument("--dtype", default="auto", help="weights dtype (auto, float32, bfloat16, float16)")
-    parser.add_argument("--max_model_len", type=int, default=None, help="context length (default: the model's)")
-    parser.add_argument("--kv_cache_gib", type=int, default=None, help="CPU only: KV-cache size in GiB (default 1)")
-    parser.add_argument("--startup_timeout", type=float, default=900.0, help="seconds to wait for the server")
-    return parser
+@dataclass
+class VLLMServeArguments:
+    """The server's flags (TRL's `trl vllm-serve` names where it has them); arguments after `--` go to vLLM."""
+
+    _argument_group_name = "server"
+
+    model: str = field(metadata=_help("Model to serve: a local folder or a hub name."))
+    host: str = field(default="127.0.0.1", metadata=_help("Address to bind (0.0.0.0 exposes weight replacement)."))
+    port: int = field(default=8000, metadata=_help("Port to listen on."))
+    tensor_parallel_size: int = field(default=1, metadata=_help("GPUs to shard the model over."))
+    gpu_memory_utilization: float | None = field(default=None, metadata=_help("GPU memory share for vLLM."))
+    dtype: str = field(default="auto", metadata=_help("Weights dtype (auto, float32, bfloat16, float16)."))
+    max_model_len: int | None = field(default=None, metadata=_help("Context length (default: the model's)."))
+    kv_cache_gib: int | None = field(default=None, metadata=_help("CPU only: KV-cache size in GiB (default 1)."))
+    startup_timeout: float = field(default=900.0, metadata=_help("Seconds to wait for the server."))
+
+
+def _parse(argv: list[str]) -> VLLMServeArguments:
+    usage = f"{PROG} vllm-serve [-h] --model MODEL [--<flag> VALUE ...] [-- VLLM_ARGS ...]"
+    parser = make_parser("vllm-serve", (VLLMServeArguments,), description=__doc__, usage=usage)
+    args, remaining = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True, look_for_args_file=False)
+    if remaining:
+        raise CLIError(f"unrecognized arguments: {' '.join(remaining)} (vLLM's own go after `--`)")
+    return args
 
 
 def _vllm_args(args) -> list[str]:
@@ -45,7 +57,7 @@ def _interrupt(*_) -> None:
 
 def run(argv: list[str]) -> int:
     own, passthrough = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    args = _parser().parse_args(own)
+    args = _parse(own)
     if not 0 < args.port < 65536:
         raise CLIError(f"--port must be in 1..65535 (got {args.port})")
     if importlib.util.find_spec("vllm") is None:

@@ -56,6 +56,8 @@ def test_cli_vllm_serve_errors(capsys):
     assert "--port" in capsys.readouterr().err
     assert main(["vllm-serve"]) == 2
     assert "--model" in capsys.readouterr().err
+    assert main(["vllm-serve", "--model", "m", "--enforce-eager"]) == 2  # vLLM's own flags go after `--`
+    assert "unrecognized arguments: --enforce-eager" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
