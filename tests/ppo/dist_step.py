@@ -20,6 +20,11 @@ N = 8
 
 
 def main(out: str) -> None:
+    from accelerate.state import AcceleratorState
+
+    # accelerate's state is per process: run in the test process, an earlier Trainer's bf16=True would otherwise make
+    # PPOTrainer's Accelerator() train under bf16 autocast (the two-process run starts fresh)
+    AcceleratorState._reset_state()
     torch.set_num_threads(1)
     tokenizer = build_tokenizer()
     lm = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
