@@ -7,8 +7,9 @@ DIR holds TRL test files as fetched from TRL's repository (v1.16), with their la
 Nothing of TRL is part of replayrl: the files are read from DIR, rewritten into a temporary package and run there.
 
 The rewrite changes only what ties a file to TRL's repository and the hub, never an assertion:
-  - imports: `trl` -> `replayrl` (same public names), `trl.import_utils` and `.testing_utils` -> a local stand-in
-    (`scripts/trl_tests_shim.py`: `TrlTestCase` with pytest's tmp dir, the `require_*` skips, `local_dataset`);
+  - imports: `trl` -> `replayrl` (same public names); `trl.import_utils`, `trl.trainer.utils` and `.testing_utils`
+    -> a local stand-in (`scripts/trl_tests_shim.py`: `TrlTestCase` with pytest's tmp dir, the `require_*` skips,
+    `get_kbit_device_map`, `local_dataset`);
   - TRL's hub test models `trl-internal-testing/tiny-...` -> tiny models built here from configs (random weights,
     replayrl's character tokenizer, `replayrl.models.tiny`), saved under the work dir; names with no local
     stand-in (vision-language models) are left as they are, and their tests fail offline;
@@ -56,6 +57,91 @@ LOCAL_MODELS = {
     "tiny-RemoteForCausalLM": ("remote", "causal", {}),
 }
 EXTRA_TOKENS = {"llama": ["<|finetune_right_pad_id|>"]}  # pad token TRL's Llama reward-model test sets by name
+# Stand-ins whose tokenizer keeps the hub Qwen tokenizer's ids (`qwen_tokenizer`): TRL's tests feed these models
+# fixed Qwen token ids through a mocked `generate` (EOS 151645, pad 151643, tool calls), and rely on a vocabulary of
+# 151k ids (random weights: EOS within 8 tokens is unlikely).
+QWEN_IDS = {"tiny-Qwen2ForCausalLM-2.5", "tiny-Qwen3MoeForCausalLM"}
+# The hub Qwen vocabulary's entries that TRL's tests hard-code, at their ids (each test spells out the text it means).
+QWEN_WORDS = {
+    4913: '{"',
+    606: "name",
+    788: '":',
+    330: ' "',
+    64648: "multiply",
+    22785: "_tool",
+    497: '",',
+    16370: "arguments",
+    5212: ' {"',
+    11248: "}}\n",
+    1513: " don",
+    944: "'t",
+    1414: " know",
+    894: " any",
+    5392: " tool",
+    17453: "Done",
+    7692: "async",
+    93054: "_multiply",
+}
+QWEN_BASE = 151643  # ids below are the byte-level BPE vocabulary; from here on, added tokens
+QWEN_ADDED = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>", 151657: "<tool_call>"}
+QWEN_ADDED.update({151658: "</tool_call>", 151665: "<tool_response>", 151666: "</tool_response>"})
+QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# ChatML with Qwen's tool format (tools in the system turn, <tool_call> JSON, results as <tool_response>).
+QWEN_CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n# Tools\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n"
+    "</tools><|im_end|>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' and m.get('tool_calls') %}<|im_start|>assistant\n{{ m['content'] }}"
+    "{% for c in m['tool_calls'] %}\n<tool_call>\n{{ c['function'] | tojson }}\n</tool_call>{% endfor %}"
+    "<|im_end|>\n"
+    "{% elif m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response>"
+    "<|im_end|>\n"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _byte_symbols() -> dict[int, str]:
+    """Byte -> its byte-level BPE symbol, in vocabulary order (GPT-2's, which Qwen's vocabulary starts with):
+    printable bytes as themselves first, then the others as the characters from 256 on."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + n) for n, b in enumerate(others)}}
+
+
+def qwen_tokenizer():
+    """A tokenizer with the hub Qwen tokenizer's ids for the byte alphabet, `QWEN_WORDS` and the added tokens
+    (the rest of its 151k ids are placeholders): text encodes one byte per token, fixed Qwen ids decode as on the hub.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from replayrl.models.tiny import QWEN2_SPLIT_REGEX
+
+    symbols = _byte_symbols()
+    alphabet = list(symbols.values())
+    vocab = {symbol: i for i, symbol in enumerate(alphabet)}
+    words = {i: "".join(symbols[b] for b in text.encode()) for i, text in QWEN_WORDS.items()}
+    vocab.update({words[i] if i in words else f"<|qwen_{i}|>": i for i in range(len(alphabet), QWEN_BASE)})
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False, byte_fallback=False))
+    backend.normalizer = normalizers.NFC()
+    split = pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False)
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    backend.decoder = decoders.ByteLevel()
+    for i in range(QWEN_BASE, max(QWEN_ADDED) + 1):
+        text = QWEN_ADDED.get(i, f"<|qwen_added_{i}|>")
+        backend.add_tokens([AddedToken(text, special=text in QWEN_SPECIAL or i not in QWEN_ADDED, normalized=False)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        padding_side="left",
+        chat_template=QWEN_CHAT_TEMPLATE,
+        model_max_length=512,
+        clean_up_tokenization_spaces=False,
+    )
 
 
 def build_local_model(name: str, out: Path) -> str | None:
@@ -69,7 +155,7 @@ def build_local_model(name: str, out: Path) -> str | None:
         return None
     model_type, head, extra = LOCAL_MODELS[name]
     path = out / name
-    tokenizer = tiny.build_tokenizer()
+    tokenizer = qwen_tokenizer() if name in QWEN_IDS else tiny.build_tokenizer()
     if EXTRA_TOKENS.get(model_type):
         tokenizer.add_special_tokens({"additional_special_tokens": EXTRA_TOKENS[model_type]})
     if model_type == "remote":
@@ -129,6 +215,7 @@ def _build_remote_model(path: Path, tokenizer) -> str:
 
 IMPORT_RULES = [
     (re.compile(r"^from trl\.import_utils import", re.M), f"from {PACKAGE}.testing_utils import"),
+    (re.compile(r"^from trl\.trainer\.utils import", re.M), f"from {PACKAGE}.testing_utils import"),
     (re.compile(r"^from trl\.experimental\.", re.M), "from replayrl.experimental."),
     (re.compile(r"^from trl import", re.M), "from replayrl import"),
     (re.compile(r"^import trl$", re.M), "import replayrl as trl"),

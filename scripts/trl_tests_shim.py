@@ -90,6 +90,11 @@ def is_ampere_or_newer() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
 
 
+def get_kbit_device_map() -> dict[str, int] | None:
+    """Where a quantized model is placed (TRL's helper of that name): the current accelerator, else no map."""
+    return {"": torch.cuda.current_device()} if torch.cuda.is_available() else None
+
+
 def _require(condition: bool, reason: str):
     return pytest.mark.skipif(not condition, reason=reason)
 

@@ -58,8 +58,19 @@ def parse_tool_calls(tokenizer, text: str) -> list[dict]:
     return calls
 
 
-def run_tool_calls(calls: list[dict], tools: dict[str, Callable]) -> tuple[list[dict], int]:
-    """Execute the calls; returns the `tool` messages (results, or ``{"error": ...}``) and the failure count."""
+COMPLETION_IDX = "_completion_idx"
+
+
+def accepts_completion_idx(tool: Callable) -> bool:
+    """Whether `tool` takes TRL's ``_completion_idx`` argument (then each call is told which completion made it)."""
+    return COMPLETION_IDX in inspect.signature(tool).parameters
+
+
+def run_tool_calls(
+    calls: list[dict], tools: dict[str, Callable], completion_idx: int | None = None
+) -> tuple[list[dict], int]:
+    """Execute the calls; returns the `tool` messages (results, or ``{"error": ...}``) and the failure count.
+    A tool with a ``_completion_idx`` parameter gets ``completion_idx`` (the calling row's index in its batch)."""
     messages, failures = [], 0
     for call in calls:
         function = call.get("function", {})
@@ -69,7 +80,10 @@ def run_tool_calls(calls: list[dict], tools: dict[str, Callable]) -> tuple[list[
                 raise ValueError(f"could not parse the tool call: {call['error']}")
             if name not in tools:
                 raise ValueError(f"tool {name!r} not found; available: {sorted(tools)}")
-            result = tools[name](**function.get("arguments", {}))
+            arguments = dict(function.get("arguments", {}))
+            if completion_idx is not None and accepts_completion_idx(tools[name]):
+                arguments[COMPLETION_IDX] = completion_idx
+            result = tools[name](**arguments)
             if inspect.iscoroutine(result):
                 import asyncio
 
@@ -127,10 +141,11 @@ def run_tool_loop(
     max_iterations: int | None = None,
     chat_template_kwargs: dict | None = None,
 ) -> tuple[list[ToolRollout], dict[str, float]]:
-    """Continue every row whose last turn calls a tool. ``completions``: first-turn ids per row (real tokens
-    only); ``generate(id_lists) -> (new turns, truncated flags)`` samples one turn from each full context. Returns
-    the rows and counters (``tools/call_count``, ``tools/failure_count``). ``tools``: one dict for every row, or a
-    list of one dict per row (environments: each row calls its own environment's methods)."""
+    """Continue every row whose last turn calls a tool (a tool taking ``_completion_idx`` is passed the row's
+    index). ``completions``: first-turn ids per row (real tokens only); ``generate(id_lists) -> (new turns,
+    truncated flags)`` samples one turn from each full context. Returns the rows and counters
+    (``tools/call_count``, ``tools/failure_count``). ``tools``: one dict for every row, or a list of one dict per
+    row (environments: each row calls its own environment's methods)."""
     rows = [ToolRollout(list(c), [1] * len(c), [_assistant(tokenizer, c)], t) for c, t in zip(completions, truncated)]
     stats = {"tools/call_count": 0.0, "tools/failure_count": 0.0}
     pending = [i for i, r in enumerate(rows) if _calls(tokenizer, r)]
@@ -139,7 +154,7 @@ def run_tool_loop(
         contexts, active = [], []
         for i in pending:
             calls = _calls(tokenizer, rows[i])
-            results, failures = run_tool_calls(calls, tools[i] if isinstance(tools, list) else tools)
+            results, failures = run_tool_calls(calls, tools[i] if isinstance(tools, list) else tools, i)
             stats["tools/call_count"] += len(calls)
             stats["tools/failure_count"] += failures
             suffix = tool_suffix_ids(tokenizer, results, chat_template_kwargs)

@@ -43,7 +43,7 @@ from replayrl.grpo.rollout import Rollout, known_or
 from replayrl.grpo.rollout_func import run_rollout_func
 from replayrl.grpo.sampler import RepeatSampler
 from replayrl.grpo.streaming import StreamingDataMixin
-from replayrl.grpo.tools import ToolCallingMixin, tools_by_name
+from replayrl.grpo.tools import ToolCallingMixin, accepts_completion_idx, tools_by_name
 from replayrl.grpo.trl_methods import TRLMethodsMixin
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.loading import apply_peft, disable_dropout, load_model, load_tokenizer, model_id
@@ -108,6 +108,8 @@ class GRPOTrainer(
         self.tools, self._tools = list(tools or []), tools_by_name(tools)  # functions the model may call
         if self._env is not None:  # TRL: every environment's methods are tools too
             self.tools = self._env.all_tools
+        # TRL's attribute: which tools take `_completion_idx` (told the index of the completion that called them)
+        self._tools_accept_completion_idx = {t.__name__: accepts_completion_idx(t) for t in self.tools}
         self.reward_func_names = self.reward_funcs.names  # TRL's attributes
         self.reward_processing_classes = self.reward_funcs.processing_classes
         self.reward_weights = self.reward_funcs.weights

@@ -30,6 +30,12 @@ class TRLMethodsMixin:
             advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold
         )
 
+    @staticmethod
+    def get_sapo_token_loss(unclipped_token_importance_ratio: Tensor, temperature: float) -> Tensor:
+        """SAPO's soft gate per token, ``sigmoid(tau (r - 1)) * 4 / tau`` (arXiv:2511.20347; the loss is
+        ``-gate * A``): the function `loss_type="sapo"` trains with. ``unclipped_token_importance_ratio: (B, T)``."""
+        return algos.sapo_gate(unclipped_token_importance_ratio, temperature)
+
     def get_high_entropy_mask(self, entropies: Tensor, mask: Tensor, threshold: float) -> Tensor:
         """Bool ``(B, T)``: the real tokens whose entropy is at or above the ``threshold`` quantile (in [0, 1]) of
         the entropies of every process's real tokens. ``entropies, mask: (B, T)``."""

@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from replayrl import GRPOConfig, GRPOTrainer
-from replayrl.grpo.tools import parse_tool_calls, run_tool_calls, tool_suffix_ids, tools_by_name
+from replayrl.grpo.tools import (
+    accepts_completion_idx,
+    parse_tool_calls,
+    run_tool_calls,
+    tool_suffix_ids,
+    tools_by_name,
+)
 from tests.conftest import tiny_args
 
 TOOL_TEMPLATE = (
@@ -33,6 +39,21 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+def add_with_idx(a: int, b: int, _completion_idx: int = -1) -> int:
+    """Add two integers; the trainer says which completion called.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+        _completion_idx: The completion index, injected by the trainer.
+    """
+    CALLERS.append(_completion_idx)
+    return a + b
+
+
+CALLERS: list[int] = []
+
+
 @pytest.fixture
 def tool_tokenizer(tokenizer):
     tok = copy.deepcopy(tokenizer)
@@ -52,6 +73,16 @@ def test_parse_and_run_tool_calls(tool_tokenizer):
     assert parse_tool_calls(tool_tokenizer, "no call here") == []
 
 
+def test_completion_idx_is_passed_only_to_tools_that_take_it():
+    assert accepts_completion_idx(add_with_idx) and not accepts_completion_idx(add)
+    CALLERS.clear()
+    call = {"type": "function", "function": {"name": "add_with_idx", "arguments": {"a": 2, "b": 3}}}
+    messages, failures = run_tool_calls([call], tools_by_name([add_with_idx]), completion_idx=7)
+    assert messages[0]["content"] == "5" and failures == 0 and CALLERS == [7]
+    plain = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+    assert run_tool_calls([plain], tools_by_name([add]), completion_idx=7)[0][0]["content"] == "5"
+
+
 def test_tool_suffix_is_the_rendered_result_and_next_header(tool_tokenizer):
     suffix = tool_suffix_ids(tool_tokenizer, [{"role": "tool", "name": "add", "content": "5"}])
     assert tool_tokenizer.decode(suffix) == "\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n"
@@ -60,8 +91,10 @@ def test_tool_suffix_is_the_rendered_result_and_next_header(tool_tokenizer):
 class ScriptedToolTrainer(GRPOTrainer):
     """The tiny model never calls a tool by itself: the first turn of every other row is replaced by a call."""
 
+    call = CALL
+
     def _call_tools(self, prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, mode):
-        scripted = self.processing_class(CALL + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        scripted = self.processing_class(self.call + "<|im_end|>", add_special_tokens=False)["input_ids"]
         width = max(completion_ids.shape[1], len(scripted))
         ids = torch.full((completion_ids.shape[0], width), self.generation_config.pad_token_id)
         mask = torch.zeros_like(ids)
@@ -101,3 +134,21 @@ def test_tool_results_are_fed_back_and_get_no_loss(model, tool_tokenizer, chat_d
     tool_turns = [m for c in seen for m in c if m["role"] == "tool"]
     assert [m["content"] for m in tool_turns] == ["5", "5"]
     assert seen[0][0]["tool_calls"][0]["function"]["name"] == "add"
+
+
+class ScriptedIdxTrainer(ScriptedToolTrainer):
+    """As ScriptedToolTrainer, calling `add_with_idx` (rows 0 and 2 of each batch call it)."""
+
+    call = CALL.replace('"add"', '"add_with_idx"')
+
+
+def test_train_tells_each_tool_call_its_completion_index(model, tool_tokenizer, chat_dataset, tmp_path):
+    args = tiny_args(GRPOConfig, tmp_path, max_steps=1, max_completion_length=100, max_tool_calling_iterations=1)
+    trainer = ScriptedIdxTrainer(
+        model=model, reward_funcs=lambda completions, **kw: [float(len(str(c)) % 5) for c in completions],
+        args=args, train_dataset=chat_dataset, processing_class=tool_tokenizer, tools=[add_with_idx, add],
+    )  # fmt: skip
+    assert trainer._tools_accept_completion_idx == {"add_with_idx": True, "add": False}
+    CALLERS.clear()
+    trainer.train()
+    assert CALLERS == [0, 2]  # the rows that called, by their index in the generated batch

@@ -6,7 +6,8 @@ import pytest
 import torch
 from datasets import DatasetDict
 
-from replayrl import GRPOConfig, GRPOTrainer
+from replayrl import GRPOConfig, GRPOTrainer, algos
+from replayrl.algos.policy_losses import sapo_loss
 from replayrl.models.tiny import prompt_dataset
 from tests.conftest import tiny_args
 
@@ -63,6 +64,17 @@ def test_get_off_policy_mask_hand_values():
     logps = torch.tensor([[-2.0] * 4, [-0.5] * 4, [-2.0] * 4])  # mean KL vs zero sampling log-probs: 2, 0.5, 2
     keep = GRPOTrainer.get_off_policy_mask(advantages, logps, torch.zeros(3, 4), torch.ones(3, 4), 1.0)
     assert keep.tolist() == [[1.0], [1.0], [0.0]]  # positive advantage kept; low KL kept; negative + high KL dropped
+
+
+def test_get_sapo_token_loss_is_the_sapo_gate_trained_with():
+    ratio = torch.tensor([[1.0, 1.5, 0.5]])
+    torch.testing.assert_close(GRPOTrainer.get_sapo_token_loss(torch.ones(2, 4), 1.0), torch.full((2, 4), 2.0))
+    gate = GRPOTrainer.get_sapo_token_loss(ratio, 2.0)
+    torch.testing.assert_close(gate, torch.sigmoid(2.0 * (ratio - 1)) * 2.0)  # 4 / tau = 2
+    params = algos.PolicyLossParams(sapo_temperature_pos=2.0, sapo_temperature_neg=2.0)
+    logps, old = ratio.log(), torch.zeros_like(ratio)
+    loss = sapo_loss(logps, old, torch.tensor([0.5]), torch.ones_like(ratio), "token", params)
+    torch.testing.assert_close(loss.per_token_loss, -gate * 0.5)
 
 
 def test_get_high_entropy_mask_hand_values(model, tokenizer, dataset, tmp_path):
