@@ -11,8 +11,9 @@ The rewrite changes only what ties a file to TRL's repository and the hub, never
     -> a local stand-in (`scripts/trl_tests_shim.py`: `TrlTestCase` with pytest's tmp dir, the `require_*` skips,
     `get_kbit_device_map`, `local_dataset`);
   - TRL's hub test models `trl-internal-testing/tiny-...` -> tiny models built here from configs (random weights,
-    replayrl's character tokenizer, `replayrl.models.tiny`), saved under the work dir; names with no local
-    stand-in (vision-language models) are left as they are, and their tests fail offline;
+    replayrl's character tokenizer, `replayrl.models.tiny`; the Qwen2 / Qwen3-MoE causal LMs with `qwen_tokenizer`,
+    which keeps the ids of the hub Qwen tokenizer that TRL's tests hard-code), saved under the work dir; names with
+    no local stand-in (vision-language models) are left as they are, and their tests fail offline;
   - `load_dataset("trl-internal-testing/zen", ...)` -> local rows with the same columns (PEP 20 prompts).
 The counts are pytest's, read from its JUnit report: passed / failed (+ errors) / skipped (xfail counted apart).
 """
