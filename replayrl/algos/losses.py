@@ -2,7 +2,7 @@
 
 A loss type is two choices (see `GRPO_LOSSES`):
 
-- the per-token loss ``l_t`` (`algos.policy_losses`: PPO clip, CISPO, SAPO, VESPO), ``(B, T)``;
+- the per-token loss ``l_t`` (`algos.policy_losses`: PPO clip, CISPO, SAPO, UP, VESPO), ``(B, T)``;
 - the aggregation: per-token weights ``w_t`` such that the loss of an optimizer-step batch is
   ``sum_t w_t * l_t``. Weights are computed once over the whole optimizer-step batch and sliced row-wise per
   micro-batch, so gradient accumulation gives the same gradient however the batch is split.
@@ -29,6 +29,7 @@ from replayrl.algos.policy_losses import (
     cispo_loss,
     ppo_clip_loss,
     sapo_loss,
+    up_loss,
     vespo_loss,
 )
 
@@ -107,6 +108,13 @@ GRPO_LOSSES: dict[str, GRPOLoss] = {
     ),
     "cispo": GRPOLoss(cispo_loss, GLOBAL_TOKEN_MEAN, "CISPO (MiniMax-M1), arXiv:2506.13585", clipped=False),
     "sapo": GRPOLoss(sapo_loss, SEQUENCE_MEAN, "SAPO, arXiv:2511.20347", clipped=False),
+    "up": GRPOLoss(
+        up_loss,
+        GLOBAL_TOKEN_MEAN,
+        "UP (Unbounded Positive), arXiv:2607.06987",
+        ("token",),
+        "routes each token by its advantage and self-anchors it",
+    ),
     "vespo": GRPOLoss(
         vespo_loss,
         GLOBAL_TOKEN_MEAN,

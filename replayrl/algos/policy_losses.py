@@ -86,6 +86,18 @@ def ppo_clip_loss(logps, old_logps, advantages, mask, level, p: PolicyLossParams
     return PolicyLoss(per_token, ratio, low, high)
 
 
+def up_loss(logps, old_logps, advantages, mask, level, p: PolicyLossParams) -> PolicyLoss:
+    """UP, Unbounded Positive (arXiv:2607.06987; TRL issue #6407): tokens are routed by the sign of the advantage.
+    ``A > 0``: the self-anchored ratio ``r~ = exp(logp - sg(logp))`` (value 1, gradient ``A * grad logp``: REINFORCE,
+    no old policy and no upper clip), ``-r~ A``; ``A <= 0``: the PPO clipped surrogate of `ppo_clip_loss`.
+    ``ratio`` is the importance ratio against the old policy, as for the other losses."""
+    clip = ppo_clip_loss(logps, old_logps, advantages, mask, level, p)
+    adv = advantages.unsqueeze(1)
+    anchored = torch.exp(logps - logps.detach())
+    per_token = torch.where(adv > 0, -anchored * adv, clip.per_token_loss)
+    return PolicyLoss(per_token, clip.ratio, clip.low_clipped, torch.zeros_like(clip.high_clipped))
+
+
 def cispo_loss(logps, old_logps, advantages, mask, level, p: PolicyLossParams) -> PolicyLoss:
     """CISPO (MiniMax-M1, arXiv:2506.13585): REINFORCE with a clipped, detached importance weight,
     ``-sg(min(r, epsilon_high)) * A * logp``. Every token keeps a gradient. (TRL: ``epsilon_high`` is the absolute

@@ -75,6 +75,27 @@ def test_sapo_gate_and_asymmetric_temperatures():
     assert neg.per_token_loss.item() == pytest.approx(4 / 2 * sig(2 * 0.5))
 
 
+def test_up_is_unclipped_reinforce_for_positive_advantages_and_the_clip_otherwise():
+    # Token 0: ratio 2 (far above 1 + eps); token 1: ratio 0.5. Row 0 has A = +1.5, row 1 A = -1.
+    logps = torch.tensor([[math.log(2.0), math.log(0.5)]] * 2, dtype=torch.float64, requires_grad=True)
+    old, adv = torch.zeros_like(logps), torch.tensor([1.5, -1.0], dtype=torch.float64)
+    out = grpo_policy_loss("up", logps, old, adv, torch.ones(2, 2), "token", P)
+    clip = grpo_policy_loss("grpo", logps, old, adv, torch.ones(2, 2), "token", P)
+    assert torch.allclose(out.per_token_loss[0], torch.tensor([-1.5, -1.5], dtype=torch.float64))  # r~ = 1 in value
+    assert torch.allclose(out.per_token_loss[1], clip.per_token_loss[1])  # A <= 0: PPO's clipped surrogate
+    out.per_token_loss.sum().backward()
+    # A > 0: d/dlogp of -exp(logp - sg(logp)) * A is -A on every token, the clipped ratio 2 included (no upper clip)
+    assert torch.allclose(logps.grad[0], torch.tensor([-1.5, -1.5], dtype=torch.float64))
+    # A < 0: ratio 0.5 < 1 - eps is clipped (no gradient); ratio 2 keeps -r * A, gradient -r * A = 2
+    assert torch.allclose(logps.grad[1], torch.tensor([2.0, 0.0], dtype=torch.float64))
+    assert out.high_clipped.eq(False).all() and out.low_clipped.tolist() == [[False, False], [False, True]]
+    assert torch.allclose(out.ratio, clip.ratio)
+    assert torch.allclose(algos.token_weights(torch.ones(2, 2), "up", 2, 8.0), torch.full((2, 2), 1 / 8))  # as DAPO
+    with pytest.raises(ValueError, match="self-anchors it: set importance_sampling_level='token'"):
+        algos.check_loss_options("up", "sequence", None)
+    algos.check_loss_options("up", "token", 2.0)  # delta caps the clipped branch's unclipped ratio, as for grpo
+
+
 def test_vespo_weight_is_one_at_ratio_one_and_decays_off_policy():
     p = PolicyLossParams()
     mask = torch.ones(2, 2)
@@ -89,7 +110,8 @@ def test_vespo_weight_is_one_at_ratio_one_and_decays_off_policy():
 
 
 def test_registry_holds_every_trl_loss_type():
-    assert set(algos.GRPO_LOSSES) == {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"}
+    trl_116 = {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"}
+    assert set(algos.GRPO_LOSSES) == trl_116 | {"up"}  # UP: newer than TRL 1.16 (TRL issue #6407)
     with pytest.raises(ValueError, match="'ppo'"):
         grpo_policy_loss("ppo", *_logps(0.0), torch.ones(1), torch.ones(1, 1), "token", P)
 

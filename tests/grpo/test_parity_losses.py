@@ -38,7 +38,7 @@ def run(model, tokenizer, dataset, tmp_path, reward=varied_reward, **overrides):
 @pytest.mark.parametrize(
     "loss_type,level",
     [("grpo", "token"), ("bnpo", "token"), ("dr_grpo", "token"), ("dapo", "sequence"), ("cispo", "token"),
-     ("sapo", "token"), ("luspo", "sequence"), ("vespo", "token")],
+     ("sapo", "token"), ("luspo", "sequence"), ("vespo", "token"), ("up", "token")],
 )  # fmt: skip
 def test_every_trl_loss_type_trains(model, tokenizer, dataset, tmp_path, loss_type, level):
     trainer, moved = run(
