@@ -7,7 +7,7 @@ with it. Reward (`final_answer_reward`): 1.0 when the last assistant message is 
 Policy: the tiny Qwen2 of `replayrl.models.tiny`, given a short supervised warm-up on a noisy teacher that answers
 directly with a wrong guess half of the time, and otherwise calls the tool, with the right arguments only half of
 those times (an off-by-one argument else), always copying the tool's result into its answer. Only the reward
-says which behaviour is right: GRPO raises the rate of correct tool calls, so the reward rises from ~0.3.
+says which behaviour is right: GRPO raises the rate of correct tool calls, so the reward rises from ~0.2-0.4.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ TOOL_CHAT_TEMPLATE = (
 )
 MODEL_KWARGS = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
 LOW, HIGH = 10, 49  # operand range
+# 400 steps left the imitation seed-dependent: model seeds 1 and 2 started GRPO at reward 0.03-0.06 and did not
+# learn; at 800, seeds 0-3 start at 0.2-0.4 and GRPO raises it (tests/grpo/test_tool_task.py, docs/grpo.md).
+WARMUP_STEPS = 800
 
 
 def add(a: int, b: int) -> int:
@@ -118,7 +121,9 @@ def _encode(tokenizer, conversation: list[dict]) -> tuple[list[int], list[int]]:
     return ids, labels
 
 
-def warm_up(model: PreTrainedModel, tokenizer, seed: int = 0, steps: int = 400, batch: int = 32, lr: float = 3e-3):
+def warm_up(
+    model: PreTrainedModel, tokenizer, seed: int = 0, steps: int = WARMUP_STEPS, batch: int = 32, lr: float = 3e-3
+):
     """Supervised warm-up on the noisy teacher. Returns the last batch's loss."""
     rng = random.Random(seed)
     rows = [_encode(tokenizer, teacher_conversation(rng.randint(LOW, HIGH), rng.randint(LOW, HIGH), rng))
@@ -142,7 +147,9 @@ def warm_up(model: PreTrainedModel, tokenizer, seed: int = 0, steps: int = 400, 
     return loss.item()
 
 
-def build_calculator_model(seed: int = 0, warmup_steps: int = 400) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+def build_calculator_model(
+    seed: int = 0, warmup_steps: int = WARMUP_STEPS
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     tokenizer = build_tool_tokenizer()
     model = build_tiny_model(tokenizer, seed=seed, **MODEL_KWARGS)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
