@@ -44,7 +44,6 @@ def test_a_new_registry_entry_alone_trains_through_train(tokenizer, tmp_path, mo
     dapo_log, dapo = sgd_update(tokenizer, tmp_path, "dapo")
     doubled_log, doubled = sgd_update(tokenizer, tmp_path, "dapo_x2")
     assert abs(dapo_log["loss"]) > 0.01 and doubled_log["loss"] == pytest.approx(2 * dapo_log["loss"], rel=1e-5)
-    assert doubled_log["grad_norm"] == pytest.approx(2 * dapo_log["grad_norm"], rel=1e-5)
     for a, b in zip(doubled, dapo):
         torch.testing.assert_close(a, 2 * b, rtol=1e-4, atol=1e-5)
 
