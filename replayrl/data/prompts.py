@@ -10,12 +10,36 @@ def is_conversational(prompt) -> bool:
     return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict) and "role" in prompt[0]
 
 
+# Tool arguments the trainer fills in itself (TRL's `_completion_idx`): kept out of the schemas the model is shown.
+TRAINER_TOOL_ARGUMENTS = ("_completion_idx",)
+
+
+def tool_schemas(tools: list) -> list:
+    """The chat template's ``tools``: each function's JSON schema (transformers' `get_json_schema`, as
+    `apply_chat_template` builds it) without `TRAINER_TOOL_ARGUMENTS`; schemas given as dicts pass through."""
+    from transformers.utils import get_json_schema
+
+    out = []
+    for tool in tools:
+        if isinstance(tool, dict):
+            out.append(tool)
+            continue
+        schema = get_json_schema(tool)
+        parameters = schema["function"].get("parameters", {})
+        for name in TRAINER_TOOL_ARGUMENTS:
+            parameters.get("properties", {}).pop(name, None)
+            if name in parameters.get("required", []):
+                parameters["required"].remove(name)
+        out.append(schema)
+    return out
+
+
 def prompts_to_text(tokenizer, prompts: list, chat_template_kwargs: dict | None = None, tools=None) -> list[str]:
     """Plain prompts pass through; conversational prompts go through the chat template, with
-    `chat_template_kwargs` (TRL's option, e.g. enable_thinking) and the `tools` the model may call."""
+    `chat_template_kwargs` (TRL's option, e.g. enable_thinking) and the `tools` the model may call (`tool_schemas`)."""
     kwargs = dict(chat_template_kwargs or {})
     if tools:
-        kwargs["tools"] = tools
+        kwargs["tools"] = tool_schemas(tools)
     return [
         tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True, **kwargs)
         if is_conversational(p)

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from replayrl.data.prompts import TRAINER_TOOL_ARGUMENTS
+
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
 
@@ -58,7 +60,7 @@ def parse_tool_calls(tokenizer, text: str) -> list[dict]:
     return calls
 
 
-COMPLETION_IDX = "_completion_idx"
+COMPLETION_IDX = TRAINER_TOOL_ARGUMENTS[0]  # TRL's `_completion_idx`, hidden from the tool schemas
 
 
 def accepts_completion_idx(tool: Callable) -> bool:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from replayrl import GRPOConfig, GRPOTrainer
+from replayrl.data.prompts import prompts_to_text, tool_schemas
 from replayrl.grpo.tools import (
     accepts_completion_idx,
     parse_tool_calls,
@@ -81,6 +82,15 @@ def test_completion_idx_is_passed_only_to_tools_that_take_it():
     assert messages[0]["content"] == "5" and failures == 0 and CALLERS == [7]
     plain = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
     assert run_tool_calls([plain], tools_by_name([add]), completion_idx=7)[0][0]["content"] == "5"
+
+
+def test_completion_idx_is_kept_out_of_the_schema_the_model_sees(tool_tokenizer):
+    tok = copy.deepcopy(tool_tokenizer)
+    tok.chat_template = "{{ tools | tojson }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    text = prompts_to_text(tok, [[{"role": "user", "content": "2+3?"}]], None, [add_with_idx])[0]
+    assert '"a"' in text and '"b"' in text and "_completion_idx" not in text
+    hidden, plain = tool_schemas([add_with_idx])[0]["function"], tool_schemas([add])[0]["function"]
+    assert hidden["parameters"] == plain["parameters"]  # the same arguments as a tool without it
 
 
 def test_tool_suffix_is_the_rendered_result_and_next_header(tool_tokenizer):
