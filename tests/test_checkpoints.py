@@ -176,3 +176,18 @@ def test_replayrl_verify_command(tmp_path, capsys):
     assert main(["verify", str(checkpoint)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("replayrl: error: checkpoint") and "state.safetensors (contents changed" in err
+
+
+def test_file_checksum_is_the_digest_of_the_bytes_across_chunks_and_for_an_empty_file(tmp_path):
+    import hashlib
+
+    import xxhash
+
+    from replayrl.checksums import _CHUNK, file_checksum
+
+    data = torch.randint(0, 256, (2 * _CHUNK + 5,), dtype=torch.uint8).numpy().tobytes()  # three mapped chunks
+    (tmp_path / "big").write_bytes(data)
+    (tmp_path / "empty").write_bytes(b"")
+    assert file_checksum(tmp_path / "big") == xxhash.xxh3_128(data).hexdigest()
+    assert file_checksum(tmp_path / "big", "sha256") == hashlib.sha256(data).hexdigest()
+    assert file_checksum(tmp_path / "empty") == xxhash.xxh3_128(b"").hexdigest()
