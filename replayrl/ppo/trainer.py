@@ -28,6 +28,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from replayrl.algos import ppo as F
+from replayrl.generation.hf import no_router_logits
 from replayrl.metrics import METRICS_FILE, MetricsFile
 from replayrl.ppo.batch import PPOBatch, batch_to, batched_forward, build_batch, forward
 from replayrl.ppo.config import PPOConfig
@@ -159,15 +160,16 @@ class PPOTrainer(PPOSeedMethodsMixin):
         was_training = model.training
         model.eval()  # no dropout while sampling
         try:
-            if isinstance(query_tensor, Tensor) and query_tensor.dim() == 1:
-                if length_sampler is not None:
-                    generation_kwargs["max_new_tokens"] = length_sampler()
-                ids = query_tensor.unsqueeze(0).to(self.accelerator.device)
-                response = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **generation_kwargs)
-                return response if return_prompt else response[:, ids.shape[1] :]
-            return self._generate_batched(
-                model, list(query_tensor), length_sampler, batch_size, return_prompt, generation_kwargs
-            )
+            with no_router_logits(model):  # the MoE aux loss is a training term (generation/hf.py)
+                if isinstance(query_tensor, Tensor) and query_tensor.dim() == 1:
+                    if length_sampler is not None:
+                        generation_kwargs["max_new_tokens"] = length_sampler()
+                    ids = query_tensor.unsqueeze(0).to(self.accelerator.device)
+                    response = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **generation_kwargs)
+                    return response if return_prompt else response[:, ids.shape[1] :]
+                return self._generate_batched(
+                    model, list(query_tensor), length_sampler, batch_size, return_prompt, generation_kwargs
+                )
         finally:
             model.train(was_training)
 
