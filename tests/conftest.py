@@ -46,6 +46,20 @@ def chat_dataset():
 QUIET_CPU_RUN = dict(logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=0, disable_tqdm=True)
 
 
+def tiny_moe_model(tokenizer, **overrides):
+    """A seeded one-layer Qwen2-MoE (4 experts, 2 per token) that asks for its router logits, for the MoE paths."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    settings = dict(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=4,
+        num_experts_per_tok=2, output_router_logits=True, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return Qwen2MoeForCausalLM(Qwen2MoeConfig(**{**settings, **overrides}))
+
+
 def tiny_args(cls, tmp_path, **overrides):
     """Small, fast, deterministic settings for end-to-end runs."""
     kwargs = dict(

@@ -10,6 +10,7 @@ from replayrl.generation import build_backend
 from replayrl.generation.base import GenerationBackend, hf_state_dict, pad_completions, unpad_prompts
 from replayrl.generation.hf import build_generation_config, generate_completions
 from replayrl.grpo import GRPOConfig
+from tests.conftest import tiny_moe_model
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -96,16 +97,7 @@ def test_moe_model_generates_with_router_logits_on(tokenizer):
     """A config with output_router_logits=True (GRPO's MoE aux loss) generates: the router logits are off while
     decoding (transformers 5.17's decoding steps otherwise fail on a mask of 4 rows against 48 routed tokens),
     the completions are those of the model without them, and the config keeps its setting for training."""
-    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
-
-    config = Qwen2MoeConfig(
-        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=4,
-        num_experts_per_tok=2, output_router_logits=True, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = Qwen2MoeForCausalLM(config)
+    model = tiny_moe_model(tokenizer)
     gen = build_generation_config(GRPOConfig(output_dir="unused", max_completion_length=4, temperature=1.0), tokenizer)
     batch = tokenizer(["ab", "hello there"], return_tensors="pt", padding=True)
     torch.manual_seed(1)

@@ -6,11 +6,10 @@ import copy
 
 import pytest
 import torch
-from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 
 from replayrl import GRPOConfig, GRPOTrainer, algos
 from replayrl.models.tiny import build_tiny_model, prompt_dataset
-from tests.conftest import tiny_args
+from tests.conftest import tiny_args, tiny_moe_model
 
 
 def varied_reward(completions, **kwargs):
@@ -137,14 +136,8 @@ def test_cast_lm_head_to_fp32(tokenizer, dataset, tmp_path):
 
 
 def test_moe_router_aux_loss_is_added(tokenizer, dataset, tmp_path):
-    config = Qwen2MoeConfig(
-        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=4,
-        num_experts_per_tok=2, output_router_logits=True, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    trainer = make(Qwen2MoeForCausalLM(config), tokenizer, dataset, tmp_path, max_steps=1, router_aux_loss_coef=0.5)
+    model = tiny_moe_model(tokenizer, bos_token_id=tokenizer.eos_token_id)
+    trainer = make(model, tokenizer, dataset, tmp_path, max_steps=1, router_aux_loss_coef=0.5)
     assert trainer.aux_loss_enabled
     trainer.train()
     assert trainer.state.log_history[0]["aux_loss"] > 0

@@ -14,6 +14,7 @@ from replayrl.models.tiny import build_tiny_model
 from replayrl.models.value_head import AutoModelForCausalLMWithValueHead
 from replayrl.ppo import LengthSampler, PPOConfig, PPOTrainer
 from replayrl.ppo.batch import build_batch, forward
+from tests.conftest import tiny_moe_model
 
 SEED_STAT_KEYS = [
     "objective/kl",
@@ -295,16 +296,7 @@ def test_shared_layers_reference(tokenizer):
 def test_generate_with_a_moe_policy_that_asks_for_router_logits(tokenizer):
     """A mixture-of-experts config with output_router_logits=True generates (one query and batched) and keeps the
     setting: transformers 5.17's decoding steps otherwise crash in the model's own aux loss."""
-    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
-
-    config = Qwen2MoeConfig(
-        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=4,
-        num_experts_per_tok=2, output_router_logits=True, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = AutoModelForCausalLMWithValueHead.from_pretrained(Qwen2MoeForCausalLM(config))
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(tiny_moe_model(tokenizer))
     trainer = PPOTrainer(PPOConfig(batch_size=4, mini_batch_size=2), model, None, tokenizer)
     assert trainer.generate(torch.tensor([5, 6, 7]), max_new_tokens=3, do_sample=False).shape[1] <= 6
     assert len(trainer.generate(queries_of(tokenizer, 3), batch_size=3, return_prompt=False, **GEN)) == 3
