@@ -243,7 +243,8 @@ class SafeCheckpointsMixin:
     Each save writes the subclass's `_extra_state()` (per process) inside the checkpoint, then the completeness
     marker with `_checkpoint_settings()`, and only then lets old checkpoints be rotated away. `train()` resumes
     from complete checkpoints only, checks the settings, loads the extra state, and refuses to start afresh in
-    an `output_dir` that already holds checkpoints unless `overwrite_output_dir=True`.
+    an `output_dir` that already holds checkpoints unless `overwrite_output_dir=True`. Being every trainer's one
+    `train()` entry, it also applies `memory_efficient_layers` (`replayrl.models.lean_layers`) to the model.
     """
 
     extra_state_name = "replayrl_state"

@@ -24,7 +24,6 @@ from replayrl.algos.logprobs import (
     token_logps_and_entropy,
 )
 from replayrl.algos.losses import (
-    GLOBAL_TOKEN_MEAN_LOSSES,
     GRPO_LOSSES,
     LENGTH_WEIGHTED_LOSSES,
     LOSS_TYPES,
@@ -54,7 +53,6 @@ __all__ = [
     "IS_MODES",
     "engine_is_weights",
     "logp_difference",
-    "GLOBAL_TOKEN_MEAN_LOSSES",
     "GRPO_LOSSES",
     "IMPORTANCE_SAMPLING_LEVELS",
     "KL_ESTIMATORS",

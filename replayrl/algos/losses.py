@@ -8,9 +8,9 @@ A loss type is two choices (see `GRPO_LOSSES`):
   micro-batch, so gradient accumulation gives the same gradient however the batch is split.
 
 Everything else derives from the registry: the config's allowed values (`LOSS_TYPES`), the `LossType` literal,
-`token_weights`, which loss types need the global token count (`GLOBAL_TOKEN_MEAN_LOSSES`), which weight sequences
-by their length (`LENGTH_WEIGHTED_LOSSES`) and which ``importance_sampling_level`` / ``delta`` each accepts
-(`check_loss_options`). Adding a loss type is one entry.
+`token_weights`, whether a loss type needs the global token count (its aggregation's `global_token_count`),
+which weight sequences by their length (`LENGTH_WEIGHTED_LOSSES`) and which ``importance_sampling_level`` /
+``delta`` each accepts (`check_loss_options`). Adding a loss type is one entry.
 """
 
 from __future__ import annotations
@@ -128,8 +128,6 @@ GRPO_LOSSES: dict[str, GRPOLoss] = {
 
 LOSS_TYPES = tuple(GRPO_LOSSES)
 LossType = Literal[LOSS_TYPES]  # type: ignore[valid-type]  # derived from the registry
-# Loss types normalised by the token count of the whole (global) batch, as DAPO.
-GLOBAL_TOKEN_MEAN_LOSSES = tuple(name for name, loss in GRPO_LOSSES.items() if loss.aggregation.global_token_count)
 # Loss types that sum token terms and accept either importance-sampling level: at the sequence level they weight
 # each sequence by its length instead of optimizing the per-sequence objective (TRL's warning; LUSPO is sequence-level
 # and length-scaled by design, VESPO token-level only).

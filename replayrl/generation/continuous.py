@@ -11,7 +11,7 @@ from torch import Tensor
 from transformers import GenerationConfig
 
 from replayrl.generation.base import GenerationOutput, pad_completions, unpad_prompts
-from replayrl.generation.hf import no_router_logits
+from replayrl.generation.hf import sampling_mode
 
 
 def continuous_batching_config(settings: dict | None):
@@ -35,18 +35,13 @@ class ContinuousBatchingBackend:
     @torch.no_grad()
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor) -> GenerationOutput:
         prompts = unpad_prompts(prompt_ids, prompt_mask)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with no_router_logits(self.model):
-                outputs = self.model.generate_batch(
-                    prompts,
-                    generation_config=self.generation_config,
-                    continuous_batching_config=self.cb_config,
-                    progress_bar=False,
-                )
-        finally:
-            self.model.train(was_training)
+        with sampling_mode(self.model):
+            outputs = self.model.generate_batch(
+                prompts,
+                generation_config=self.generation_config,
+                continuous_batching_config=self.cb_config,
+                progress_bar=False,
+            )
         results = list(outputs.values())  # in the order of the prompts
         if len(results) != len(prompts) or any(r.error is not None for r in results):
             errors = [r.error for r in results if r.error is not None]

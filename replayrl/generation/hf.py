@@ -44,19 +44,24 @@ def completion_mask_from_eos(completion_ids: Tensor, eos_token_id: int | list[in
 
 
 @contextmanager
-def no_router_logits(model):
-    """Generate without the MoE router logits (and the model's aux loss) even when the config asks for them: the
-    aux loss is a training term, and transformers 5.17's decoding steps pass the whole (N, past + 1) attention
-    mask with the router logits of the new token only, so `load_balancing_loss_func` fails (4 rows against 48)."""
+def sampling_mode(model):
+    """The model as every generation path samples with it, restored afterwards: eval mode (no dropout; it also lets
+    generate keep its KV cache under gradient checkpointing) and no MoE router logits even when the config asks for
+    them (the aux loss is a training term, and transformers 5.17's decoding steps pass the whole (N, past + 1)
+    attention mask with the router logits of the new token only, so `load_balancing_loss_func` fails: 4 rows
+    against 48)."""
+    was_training = model.training
     configs = [getattr(model, "config", None)]
     if configs[0] is not None and hasattr(configs[0], "get_text_config"):
         configs.append(configs[0].get_text_config())
     saved = [(c, c.output_router_logits) for c in configs if getattr(c, "output_router_logits", False)]
     for config, _ in saved:
         config.output_router_logits = False
+    model.eval()
     try:
-        yield
+        yield model
     finally:
+        model.train(was_training)
         for config, value in saved:
             config.output_router_logits = value
 
@@ -66,13 +71,8 @@ def generate_completions(
     model, prompt_ids: Tensor, prompt_mask: Tensor, generation_config: GenerationConfig
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Sample one completion per row. Returns completion ids (N, C), mask (N, C) and truncated (N,)."""
-    was_training = model.training
-    model.eval()  # no dropout; also lets generate keep its KV cache under gradient checkpointing
-    try:
-        with no_router_logits(model):
-            out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config)
-    finally:
-        model.train(was_training)
+    with sampling_mode(model):
+        out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config)
     completion_ids = out[:, prompt_ids.shape[1] :]
     mask, truncated = completion_mask_from_eos(completion_ids, generation_config.eos_token_id)
     completion_ids = completion_ids.masked_fill(mask == 0, generation_config.pad_token_id)

@@ -28,7 +28,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from replayrl.algos import ppo as F
-from replayrl.generation.hf import no_router_logits
+from replayrl.generation.hf import sampling_mode
 from replayrl.metrics import METRICS_FILE, MetricsFile
 from replayrl.ppo.batch import PPOBatch, batch_to, batched_forward, build_batch, forward
 from replayrl.ppo.config import PPOConfig
@@ -157,21 +157,16 @@ class PPOTrainer(PPOSeedMethodsMixin):
         ``batch_size`` at a time with left padding. ``length_sampler()`` gives ``max_new_tokens`` per batch."""
         model = self.accelerator.unwrap_model(self.model)
         generation_kwargs.setdefault("pad_token_id", self.tokenizer.pad_token_id)
-        was_training = model.training
-        model.eval()  # no dropout while sampling
-        try:
-            with no_router_logits(model):  # the MoE aux loss is a training term (generation/hf.py)
-                if isinstance(query_tensor, Tensor) and query_tensor.dim() == 1:
-                    if length_sampler is not None:
-                        generation_kwargs["max_new_tokens"] = length_sampler()
-                    ids = query_tensor.unsqueeze(0).to(self.accelerator.device)
-                    response = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **generation_kwargs)
-                    return response if return_prompt else response[:, ids.shape[1] :]
-                return self._generate_batched(
-                    model, list(query_tensor), length_sampler, batch_size, return_prompt, generation_kwargs
-                )
-        finally:
-            model.train(was_training)
+        with sampling_mode(model):  # eval mode, no MoE router logits (generation/hf.py)
+            if isinstance(query_tensor, Tensor) and query_tensor.dim() == 1:
+                if length_sampler is not None:
+                    generation_kwargs["max_new_tokens"] = length_sampler()
+                ids = query_tensor.unsqueeze(0).to(self.accelerator.device)
+                response = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **generation_kwargs)
+                return response if return_prompt else response[:, ids.shape[1] :]
+            return self._generate_batched(
+                model, list(query_tensor), length_sampler, batch_size, return_prompt, generation_kwargs
+            )
 
     def _generate_batched(self, model, queries, length_sampler, batch_size, return_prompt, kwargs) -> list[Tensor]:
         outputs, pad, eos = [], self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
