@@ -17,7 +17,15 @@ from replayrl.generation.hf import sampling_mode
 def continuous_batching_config(settings: dict | None):
     """transformers' `ContinuousBatchingConfig` from TRL's ``transformers_continuous_batching_config`` dict, with
     TRL's training-aware default ``max_memory_percent=0.5`` (transformers' 0.9 leaves little for the backward)."""
-    from transformers.generation import ContinuousBatchingConfig
+    try:
+        from transformers.generation import ContinuousBatchingConfig
+    except ImportError as err:  # transformers 5.2 (the declared floor) has generate_batch but not this config
+        import transformers
+
+        raise ImportError(
+            f"use_transformers_continuous_batching needs transformers' ContinuousBatchingConfig, which transformers "
+            f"{transformers.__version__} lacks: upgrade transformers, or leave continuous batching off."
+        ) from err
 
     kwargs = dict(settings or {})
     kwargs.setdefault("max_memory_percent", 0.5)
