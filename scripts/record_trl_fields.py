@@ -4,8 +4,10 @@ tests (`tests/trl_fields/<name>.json`, read by `tests/trl_fields/parity.py`). Ru
     benchmarks/.venv-trl/bin/python scripts/record_trl_fields.py           # (re-)write the records
     benchmarks/.venv-trl/bin/python scripts/record_trl_fields.py --check   # exit 1 naming what differs
 
-A default is recorded as its `repr` (a default_factory's value); `training_arguments` lists the fields that TRL's
-config takes from `transformers.TrainingArguments` (checked only where the installed transformers has them).
+A default is recorded as its `repr` (a default_factory's value); `training_arguments` maps the fields that TRL's
+config takes from `transformers.TrainingArguments` to transformers' own default for them, so that the parity check
+can tell a TRL override (e.g. `logging_steps=10`, checked) from a field that the installed transformers names or
+defaults differently (e.g. the floor's: skipped, not replayrl's to change).
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ import sys
 from pathlib import Path
 
 RECORDS = Path(__file__).resolve().parents[1] / "tests" / "trl_fields"
-CONFIGS = {"rloo": "RLOOConfig", "kto": "KTOConfig", "distillation": "DistillationConfig"}
+CONFIGS = {
+    "rloo": "RLOOConfig",
+    "kto": "KTOConfig",
+    "distillation": "DistillationConfig",
+    "sft": "SFTConfig",
+    "dpo": "DPOConfig",
+    "reward": "RewardConfig",
+}
 
 
 def _default(f: dataclasses.Field) -> str:
@@ -34,15 +43,15 @@ def record(name: str) -> dict:
     import trl
 
     cls = getattr(trl, CONFIGS[name])
-    base = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+    base = {f.name: _default(f) for f in dataclasses.fields(transformers.TrainingArguments)}
     fields = dataclasses.fields(cls)
     v_trl, v_tf = trl.__version__, transformers.__version__
     return {
         "_source": f"trl {v_trl} {cls.__name__}, transformers {v_tf}: every dataclass field and its default (repr)",
         "fields": {f.name: _default(f) for f in fields},
-        "training_arguments": [f.name for f in fields if f.name in base],
-        "_training_arguments_note": f"fields of transformers {v_tf}'s TrainingArguments: checked only where the "
-        "installed transformers has them, against its default",
+        "training_arguments": {f.name: base[f.name] for f in fields if f.name in base},
+        "_training_arguments_note": f"fields of transformers {v_tf}'s TrainingArguments, with transformers' own "
+        "default: checked only where the installed transformers has them with that default",
     }
 
 

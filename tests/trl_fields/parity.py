@@ -16,22 +16,28 @@ def _default(f: dataclasses.Field):
 
 def _transformers_owned(recorded: dict) -> set[str]:
     """The recorded fields that come from `transformers.TrainingArguments` but that the installed transformers
-    names differently or not at all (an older one, e.g. the declared floor), or defaults differently: not
-    replayrl's to add or change, since TRL's config on that transformers would not have them either."""
+    names differently or not at all (an older one, e.g. the declared floor), or defaults differently from the
+    transformers TRL was recorded with: not replayrl's to add or change, since TRL's config on the installed
+    transformers would not have them either. A field TRL overrides (its default differs from transformers' own,
+    e.g. `logging_steps=10`) is still checked where the installed transformers agrees with the recorded one."""
     from transformers import TrainingArguments
 
     installed = {f.name: repr(_default(f)) for f in dataclasses.fields(TrainingArguments)}
-    own = recorded.get("training_arguments", [])
-    return {f for f in own if f not in installed or installed[f] != recorded["fields"][f]}
+    own = recorded["training_arguments"]
+    return {f for f in own if f not in installed or installed[f] != own[f]}
 
 
-def mismatches(config_cls, name: str) -> list[str]:
-    """'field: problem' for each TRL field that replayrl's `config_cls` lacks or defaults differently."""
+def mismatches(config_cls, name: str, deliberate: dict[str, str] | None = None) -> list[str]:
+    """'field: problem' for each TRL field that replayrl's `config_cls` lacks or defaults differently, leaving out
+    the fields in `deliberate` ({field: the documented reason}); a deliberate field that no longer differs is
+    reported too, so the allow-list cannot go stale."""
     recorded = json.loads((Path(__file__).parent / f"{name}.json").read_text())
     skip = _transformers_owned(recorded)
     trl = {field: default for field, default in recorded["fields"].items() if field not in skip}
     ours = {f.name: repr(_default(f)) for f in dataclasses.fields(config_cls)}
+    deliberate = deliberate or {}
     problems = [f"{field}: missing" for field in trl if field not in ours]
     differ = [field for field in trl if field in ours and ours[field] != trl[field]]
-    problems += [f"{field}: TRL {trl[field]}, ours {ours[field]}" for field in differ]
+    problems += [f"{field}: TRL {trl[field]}, ours {ours[field]}" for field in differ if field not in deliberate]
+    problems += [f"{field}: listed as deliberate but equals TRL" for field in deliberate if field not in differ]
     return problems
