@@ -49,6 +49,25 @@ def resolve_pad_to_multiple_of(value: int | str | None) -> int | None:
     return value
 
 
+def warn_pad_token_deprecated(pad_token: str | None) -> None:
+    """TRL 1.16's FutureWarning for the `pad_token` config field (still applied, as TRL still applies it)."""
+    if pad_token is not None:
+        import warnings
+
+        warnings.warn(
+            "`pad_token` is deprecated and will be removed in v2.0.0. Set `tokenizer.pad_token` directly and pass it "
+            "as `processing_class` to the trainer instead.",
+            FutureWarning,
+            stacklevel=4,
+        )
+
+
+def check_pad_to_multiple_of(value: int | None) -> None:
+    """`pad_to_multiple_of` once resolved: None or a positive integer."""
+    if value is not None and value < 1:
+        raise ValueError(f"pad_to_multiple_of={value}: must be a positive integer, 'auto' or None.")
+
+
 @dataclass
 class TRLBaseArguments(TrainingArguments):
     """TRL 1.16's `_BaseConfig`: the TrainingArguments defaults every TRL trainer config changes."""

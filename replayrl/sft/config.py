@@ -12,7 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from replayrl.algos.sft import SFT_LOSS_TYPES
-from replayrl.training_args import TrainingArguments
+from replayrl.training_args import (
+    TrainingArguments,
+    check_pad_to_multiple_of,
+    resolve_pad_to_multiple_of,
+    warn_pad_token_deprecated,
+)
 
 PACKING_STRATEGIES = ("bfd", "wrapped")
 TRUNCATION_MODES = ("keep_start", "keep_end")
@@ -43,6 +48,10 @@ class SFTConfig(TrainingArguments):
         default=None,
         metadata=_help("A chat template file (.jinja) or tokenizer folder whose template replaces the tokenizer's."),
     )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata=_help("Run the custom code a model or tokenizer given by name ships with (`from_pretrained`'s flag)."),
+    )
     # Data
     dataset_kwargs: dict[str, Any] | str | None = field(
         default=None,
@@ -53,7 +62,12 @@ class SFTConfig(TrainingArguments):
     eos_token: str | None = field(
         default=None, metadata=_help("End-of-text token appended to standard rows (None: the tokenizer's EOS).")
     )
-    pad_token: str | None = field(default=None, metadata=_help("Padding token (None: the tokenizer's, else EOS)."))
+    pad_token: str | None = field(
+        default=None,
+        metadata=_help(
+            "Deprecated (TRL 1.16): padding token (None: the tokenizer's, else EOS); set tokenizer.pad_token."
+        ),
+    )
     max_length: int | None = field(
         default=1024,
         metadata=_help("Maximum tokens per row (truncation; the row length when packing). None: no limit."),
@@ -64,6 +78,10 @@ class SFTConfig(TrainingArguments):
     truncation_mode: Literal["keep_start", "keep_end"] = field(
         default="keep_start", metadata=_help("Keep the first (keep_start) or last (keep_end) max_length tokens.")
     )
+    shuffle_dataset: bool = field(
+        default=False,
+        metadata=_help("Shuffle the prepared dataset (with `seed`; before and after packing), as TRL's SFTTrainer."),
+    )
     packing: bool = field(default=False, metadata=_help("Pack several documents into each row of max_length."))
     packing_strategy: Literal["bfd", "wrapped"] = field(
         default="bfd",
@@ -73,7 +91,10 @@ class SFTConfig(TrainingArguments):
         default=False,
         metadata=_help("Flatten each batch into one row without padding; documents kept apart as in packing."),
     )
-    pad_to_multiple_of: int | None = field(default=None, metadata=_help("Pad each batch to a multiple of this."))
+    pad_to_multiple_of: int | str | None = field(
+        default="auto",
+        metadata=_help("Pad each batch's width to a multiple of this; 'auto' (TRL): 128 on Neuron, else no padding."),
+    )
     eval_packing: bool | None = field(default=None, metadata=_help("Pack the eval set (None: same as packing)."))
     # Training
     completion_only_loss: bool | None = field(
@@ -89,11 +110,17 @@ class SFTConfig(TrainingArguments):
     )
     learning_rate: float = field(default=2e-5, metadata=_help("AdamW learning rate (SFT default 2e-5)."))
     logging_steps: float = field(default=10, metadata=_help("Log every N optimizer steps."))
+    activation_offloading: bool = field(
+        default=False,
+        metadata=_help("Keep the activations saved for backward in CPU memory during training (save_on_cpu)."),
+    )
 
     def __post_init__(self):
         if self.max_seq_length is not None:
             warnings.warn("`max_seq_length` is deprecated: use `max_length`.", FutureWarning, stacklevel=2)
             self.max_length = self.max_seq_length
+        warn_pad_token_deprecated(self.pad_token)
+        self.pad_to_multiple_of = resolve_pad_to_multiple_of(self.pad_to_multiple_of)
         super().__post_init__()
         import json
 
@@ -115,5 +142,4 @@ class SFTConfig(TrainingArguments):
             raise ValueError(f"max_length={self.max_length}: must be >= 2 (or None for no limit).")
         if self.packing and self.max_length is None:
             raise ValueError("packing=True needs max_length (the length of a packed row); set max_length.")
-        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
-            raise ValueError(f"pad_to_multiple_of={self.pad_to_multiple_of}: must be a positive integer or None.")
+        check_pad_to_multiple_of(self.pad_to_multiple_of)

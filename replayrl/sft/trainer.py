@@ -85,7 +85,8 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
     ):
         args = self._resolve_args(args, model_id(model), seed_kwargs)
         processing_class = self._resolve_tokenizer(processing_class, tokenizer, model, args)
-        model = apply_peft(load_model(model, args.model_init_kwargs), peft_config)
+        model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
+        model = apply_peft(model, peft_config)
         self._init_router_aux(model, args.router_aux_loss_coef)
         self._eos_token_id = resolve_eos_token_id(processing_class, args.eos_token)
         prepare_streaming_training(args, train_dataset, "SFTTrainer")
@@ -142,7 +143,8 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
             if processing_class is not None and processing_class is not tokenizer:
                 raise ValueError("Pass the tokenizer once: `processing_class=` (current) or `tokenizer=` (TRL v0.7.1).")
             processing_class = tokenizer
-        processing_class = load_tokenizer(processing_class, model, pad_with_eos=False)
+        remote = {"trust_remote_code": True} if args.trust_remote_code else {}
+        processing_class = load_tokenizer(processing_class, model, pad_with_eos=False, **remote)
         if args.pad_token is not None:
             processing_class.pad_token = args.pad_token
         if processing_class.pad_token is None:
@@ -168,6 +170,8 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
                 "packing=True needs a map-style dataset (rows are packed over the whole dataset); a streaming "
                 "(IterableDataset) one is trained unpacked: set packing=False, or load it without streaming=True."
             )
+        if args.shuffle_dataset:  # TRL shuffles before packing (no correlated neighbours in a row) and after
+            dataset = dataset.shuffle(seed=args.seed)
         if formatting_func is not None:
             dataset = apply_formatting_func(dataset, formatting_func, args.dataset_num_proc, args.dataset_text_field)
         fmt = dataset_format(dataset, args.dataset_text_field)
@@ -179,7 +183,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
             max_length=args.max_length,
             truncation_mode=args.truncation_mode,
         )
-        return prepare_sft_dataset(
+        dataset = prepare_sft_dataset(
             dataset,
             tokenizer,
             fmt,
@@ -189,6 +193,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
             packing_strategy=args.packing_strategy,
             num_proc=args.dataset_num_proc,
         )
+        return dataset.shuffle(seed=args.seed) if args.shuffle_dataset and packing else dataset
 
     def _prepare_eval(self, eval_dataset, tokenizer, args: SFTConfig, formatting_func):
         packing = args.packing if args.eval_packing is None else args.eval_packing
