@@ -1,4 +1,5 @@
-"""One timed run of replayrl's or TRL's SFT, DPO, reward or GRPO trainer at real vocabulary size (run by `scale.py`).
+"""One timed run of replayrl's or TRL's SFT (unpacked or packed), DPO, reward or GRPO trainer (or replayrl's GRPO with
+the replay buffer) at real vocabulary size (run by `scale.py`).
 
     python benchmarks/scale_worker.py --impl replayrl --trainer sft --model-dir DIR --data-file FILE [...]
 
@@ -10,8 +11,10 @@ the RSS just before it, the peak taken from the kernel's high-water mark (reset 
 as a cross-check, a thread sampling VmRSS every millisecond; the larger of the two is reported. Every weight is read
 once before `train()` (`page_in`), so weights memory-mapped by `from_pretrained` count on neither side. Also
 `optimizer_floor_mib`: the gradient and AdamW's two moments of the trained weights, which no way of computing the
-loss can avoid. Imports only the standard library at module level: it also runs inside the TRL virtualenv, where
-replayrl is not installed."""
+loss can avoid. With `--profile FILE`: one more optimizer step after the timed ones under torch.profiler (not timed,
+after the memory probe stopped), and for GRPO one standalone generation on the step's prompts (`scale_profile.py`);
+the tables go to FILE, a summary into the result. Imports only the standard library at module level: it also runs
+inside the TRL virtualenv, where replayrl is not installed."""
 
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
+import scale_profile  # noqa: E402
 from common import GRPO_SETTINGS, make_random_reward, median, rss_mib  # noqa: E402
 
 # Spelled out for every trainer and both libraries (TRL 1.16 defaults to bf16=True and gradient checkpointing):
@@ -38,7 +42,7 @@ COMMON.update(lr_scheduler_type="constant", dataloader_pin_memory=False, seed=0)
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--impl", choices=["replayrl", "trl"], required=True)
-    p.add_argument("--trainer", choices=["sft", "dpo", "reward", "grpo"], required=True)
+    p.add_argument("--trainer", choices=["sft", "sft_packed", "dpo", "reward", "grpo", "grpo_replay"], required=True)
     p.add_argument("--model-dir", required=True)
     p.add_argument("--data-file", required=True)
     p.add_argument("--batch", type=int, default=4)
@@ -47,7 +51,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--max-completion-length", type=int, default=32)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
-    return p.parse_args()
+    p.add_argument("--profile", help="profile one more step (and a GRPO generation); tables to this file")
+    args = p.parse_args()
+    if args.trainer == "grpo_replay" and args.impl == "trl":
+        p.error("grpo_replay is replayrl's GRPOWithReplayBufferTrainer: there is no TRL peer (use --impl replayrl)")
+    return args
 
 
 class Memory:
@@ -115,16 +123,21 @@ def build(args, lib, cuda: bool, count):
 
     data = load_dataset("json", data_files=args.data_file, split="train")
     tok = AutoTokenizer.from_pretrained(args.model_dir)
-    common = dict(COMMON, output_dir=tempfile.mkdtemp(prefix="scale-"), max_steps=args.warmup + args.steps)
+    max_steps = args.warmup + args.steps + bool(args.profile)  # the profiled step comes after the timed ones
+    common = dict(COMMON, output_dir=tempfile.mkdtemp(prefix="scale-"), max_steps=max_steps)
     common.update(per_device_train_batch_size=args.batch, bf16=cuda, use_cpu=not cuda)
     dtype = torch.bfloat16
-    if args.trainer == "grpo":
+    if args.trainer in ("grpo", "grpo_replay"):
         settings = {**GRPO_SETTINGS, **common, "beta": 0.0, "num_generations": args.num_generations}
         settings.update(max_completion_length=args.max_completion_length, model_init_kwargs={"dtype": "bfloat16"})
         extra = {"use_bias_correction_kl": False} if args.impl == "trl" else {}
-        config = lib.GRPOConfig(**settings, **extra)
+        config_cls, trainer_cls = lib.GRPOConfig, lib.GRPOTrainer
+        if args.trainer == "grpo_replay":  # the same run plus the buffer (its documented default size, 64 groups)
+            config_cls, trainer_cls = lib.GRPOWithReplayBufferConfig, lib.GRPOWithReplayBufferTrainer
+            extra = {"replay_buffer_size": 64}
+        config = config_cls(**settings, **extra)
         reward = make_random_reward(0)
-        trainer = lib.GRPOTrainer(model=args.model_dir, reward_funcs=[reward], args=config, train_dataset=data)
+        trainer = trainer_cls(model=args.model_dir, reward_funcs=[reward], args=config, train_dataset=data)
         return trainer, args.batch * args.max_completion_length  # random weights: EOS almost never sampled
     if args.trainer == "reward":
         model = AutoModelForSequenceClassification.from_pretrained(args.model_dir + "-rm", num_labels=1, dtype=dtype)
@@ -133,8 +146,9 @@ def build(args, lib, cuda: bool, count):
         trainer = lib.RewardTrainer(model, args=config, train_dataset=data, processing_class=tok)
     else:
         model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=dtype)
-        if args.trainer == "sft":
-            config = lib.SFTConfig(learning_rate=1e-5, max_length=args.max_length, packing=False, **common)
+        if args.trainer in ("sft", "sft_packed"):
+            packing = args.trainer == "sft_packed"
+            config = lib.SFTConfig(learning_rate=1e-5, max_length=args.max_length, packing=packing, **common)
             trainer = lib.SFTTrainer(model, args=config, train_dataset=data, processing_class=tok)
         else:
             config = lib.DPOConfig(learning_rate=1e-6, beta=0.1, max_length=args.max_length, **common)
@@ -170,14 +184,28 @@ def page_in(trainer) -> None:
                     tensor.float().sum()
 
 
-def measured_train(trainer, cuda: bool) -> dict:
+def measured_train(trainer, cuda: bool, stop_at: int | None = None, then=None) -> dict:
     """`page_in`, then `trainer.train()` under the memory probe: the probe's figures plus `working_set_mib`, the
-    memory `train()` used above its start."""
+    memory `train()` used above its start. `stop_at`: stop the probe at the end of that optimizer step instead (the
+    later ones are profiled); `then`: a callback added after the probe's (the profiler)."""
+    from transformers import TrainerCallback
+
     page_in(trainer)
     memory = Memory(cuda)
+    mem: dict = {}
+
+    class StopProbe(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == stop_at:
+                mem.update(memory.stop())
+
+    trainer.add_callback(StopProbe())
+    if then is not None:
+        trainer.add_callback(then)
     memory.start()
     trainer.train()
-    mem = memory.stop()
+    if not mem:
+        mem.update(memory.stop())
     return {**mem, "working_set_mib": mem["peak_mib"] - mem["base_mib"]}
 
 
@@ -187,6 +215,23 @@ def optimizer_floor_mib(trainer) -> float:
     and AdamW's two moments (`exp_avg`, `exp_avg_sq`), each the weight's size and dtype."""
     trainable = [p for p in trainer.model.parameters() if p.requires_grad]
     return 3 * sum(p.numel() * p.element_size() for p in trainable) / 2**20
+
+
+def write_profile(args, trainer, parts: dict, cuda: bool) -> dict:
+    """Add the standalone generation profile for GRPO (the first `batch / num_generations` prompts of the data file,
+    each `num_generations` times, as a step samples them), write every part's tables to `args.profile`; the
+    summaries."""
+    if args.trainer.startswith("grpo"):
+        with open(args.data_file) as f:
+            prompts = [json.loads(line)["prompt"] for line, _ in zip(f, range(args.batch // args.num_generations))]
+        prompts = [p for p in prompts for _ in range(args.num_generations)]
+        try:
+            parts["generate"] = scale_profile.generation_profile(trainer, args.impl, prompts, cuda)
+        except Exception as e:  # noqa: BLE001 - reported; the run's timings are kept
+            parts["generate"] = scale_profile.failed(e)
+    title = f"{args.trainer} / {args.impl} ({'cuda' if cuda else 'cpu'})\n"
+    Path(args.profile).write_text(title + "\n".join(text for _, text in parts.values()))
+    return {name: summary for name, (summary, _) in parts.items()}
 
 
 def main() -> None:
@@ -215,19 +260,24 @@ def main() -> None:
             cpu_ends.append(time.process_time())
 
     trainer.add_callback(Clock())
-    mem = measured_train(trainer, cuda)
-    steps = [b - a for a, b in zip(ends, ends[1:])][args.warmup :]
-    cpu_steps = [b - a for a, b in zip(cpu_ends, cpu_ends[1:])][args.warmup :]
+    timed_end = args.warmup + args.steps
+    parts: dict[str, tuple[dict, str]] = {}
+    profiler = scale_profile.profile_callback(timed_end, cuda, parts) if args.profile else None
+    mem = measured_train(trainer, cuda, stop_at=timed_end if profiler else None, then=profiler)
+    steps = [b - a for a, b in zip(ends, ends[1:])][args.warmup : timed_end]
+    cpu_steps = [b - a for a, b in zip(cpu_ends, cpu_ends[1:])][args.warmup : timed_end]
     tokens = [fixed_tokens] * len(steps) if fixed_tokens else count[args.warmup : args.warmup + len(steps)]
     loss = next((r["loss"] for r in trainer.state.log_history if "loss" in r), None)
     result = {"impl": args.impl, "trainer": args.trainer, "steps": steps, "cpu_steps": cpu_steps, "loss": loss}
     result["tokens_per_step"] = tokens
     # replayrl's own split of a GRPO step (timing/generation, timing/optimization, ...): median over timed steps
-    timed = [r for r in trainer.state.log_history if "loss" in r][args.warmup :]
+    timed = [r for r in trainer.state.log_history if "loss" in r][args.warmup : timed_end]
     keys = {k for r in timed for k in r if k.startswith("timing/")}
     result["timing"] = {k: median([r[k] for r in timed if k in r]) for k in sorted(keys)}
     result.update(mem)
     result["optimizer_floor_mib"] = optimizer_floor_mib(trainer)
+    if args.profile:
+        result["profile"] = write_profile(args, trainer, parts, cuda)
     print("RESULT " + json.dumps(result), flush=True)
 
 
