@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-FDivergence = Literal["reverse_kl", "js_divergence", "alpha_divergence"]
-F_DIVERGENCES = ("reverse_kl", "js_divergence", "alpha_divergence")
+FDivergence = Literal["reverse_kl", "forward_kl", "js_divergence", "alpha_divergence"]
+F_DIVERGENCES = ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence")
 
 
 # --------------------------------------------------------------------------------------------- reward model
@@ -51,8 +51,9 @@ def pairwise_accuracy(chosen_rewards: Tensor, rejected_rewards: Tensor) -> Tenso
 @dataclass
 class PairLogps:
     """Sequence log-probs, each (B,): sums over completion tokens. Lengths (B,) are completion token counts,
-    needed by the length-normalised losses (ipo, sigmoid_norm, sft); `chosen_nll` (B,) is the mean token NLL
-    of the chosen completion (sft, RPO). `reference_free`: the reference log-probs are taken as 0."""
+    needed by the length-normalised losses (ipo, sigmoid_norm, sft). `chosen_plain` (B,): the chosen completion's
+    unweighted log-prob sum where `chosen` is LD-DPO-weighted (`ld_token_weights`); the sft loss reads it (None:
+    `chosen` itself)."""
 
     chosen: Tensor
     rejected: Tensor
@@ -60,6 +61,7 @@ class PairLogps:
     ref_rejected: Tensor
     chosen_lengths: Tensor | None = None
     rejected_lengths: Tensor | None = None
+    chosen_plain: Tensor | None = None
 
     @property
     def chosen_logratios(self) -> Tensor:
@@ -86,19 +88,43 @@ def _cap_exp(x: Tensor) -> Tensor:
     return torch.exp(x.clamp(max=math.log(torch.finfo(x.dtype).max) - 1))
 
 
-def dpo_logits(pairs: PairLogps, f_divergence_type: str = "reverse_kl", f_alpha_divergence_coef: float = 1.0) -> Tensor:
-    """Delta (B,): the margin every DPO-family loss is a function of, under an f-divergence (f-DPO,
-    arXiv:2309.16240). reverse_kl: logratio(c) - logratio(r). js_divergence: minus softplus(logratio(c)) -
-    softplus(logratio(r)). alpha_divergence: (u_r^-a - u_c^-a) / a with u = pi/pi_ref."""
+def dpo_logits(pairs: PairLogps, f_divergence_type: str = "reverse_kl", f_alpha_divergence_coef: float = 0.5) -> Tensor:
+    """Delta (B,) = f'(u_c) - f'(u_r), u = pi/pi_ref: the margin every DPO-family loss is a function of, under an
+    f-divergence (f-DPO, arXiv:2309.16240), as TRL 1.16. reverse_kl: f'(u) = log u, logratio(c) - logratio(r).
+    forward_kl: f'(u) = 1 - 1/u. js_divergence: f'(u) = log(2u / (u + 1)). alpha_divergence (alpha =
+    `f_alpha_divergence_coef`): f'(u) = (u^(alpha-1) - 1) / (alpha - 1); alpha = 1 is reverse_kl (the limit),
+    alpha = 0 forward_kl."""
     cr, rr = pairs.chosen_logratios, pairs.rejected_logratios
+    if f_divergence_type == "js_divergence":
+        return cr - rr - (F.softplus(cr) - F.softplus(rr))  # logsigmoid(cr) - logsigmoid(rr)
+    if f_divergence_type == "forward_kl":
+        f_alpha_divergence_coef, f_divergence_type = 0.0, "alpha_divergence"
+    if f_divergence_type == "alpha_divergence":
+        a = 1.0 - f_alpha_divergence_coef  # f'(u_c) - f'(u_r) = (u_r^-a - u_c^-a) / a
+        if abs(a) < 1e-6:
+            return cr - rr
+        return (_cap_exp(-a * rr) - _cap_exp(-a * cr)) / a
     if f_divergence_type == "reverse_kl":
         return cr - rr
-    if f_divergence_type == "js_divergence":
-        return cr - rr - (F.softplus(cr) - F.softplus(rr))
-    if f_divergence_type == "alpha_divergence":
-        a = f_alpha_divergence_coef
-        return (_cap_exp(-a * rr) - _cap_exp(-a * cr)) / a
     raise ValueError(f"f_divergence_type must be one of {F_DIVERGENCES} (got {f_divergence_type!r})")
+
+
+def shared_completion_lengths(lengths: Tensor) -> Tensor:
+    """lengths (2B,), the B chosen completions' first, then the B rejected ones -> (2B,): each sequence's pair's
+    min(|y_c|, |y_r|), LD-DPO's shared length."""
+    half = lengths.shape[0] // 2
+    shared = torch.minimum(lengths[:half], lengths[half:])
+    return torch.cat([shared, shared])
+
+
+def ld_token_weights(positions: Tensor, shared_lengths: Tensor, ld_alpha: float) -> Tensor:
+    """LD-DPO's token weights (length desensitization, arXiv:2409.06411; TRL's `ld_alpha`): 1 for a completion's
+    first `shared_lengths` tokens (the length both completions of the pair reach), `ld_alpha` for the verbose tail
+    beyond, 0 off the completion. A sequence log-prob is then sum_t w_t log p_t.
+    positions: (..., T) 1-based index of each token within its completion, 0 elsewhere; shared_lengths: broadcast
+    against positions (e.g. (R, 1) per row, or (1, T) per token)."""
+    weights = torch.where(positions <= shared_lengths, 1.0, ld_alpha)
+    return weights * (positions > 0)
 
 
 # --------------------------------------------------------------------------------------------- DPO variants
@@ -208,11 +234,12 @@ def discopop_loss(pairs: PairLogps, beta: float, opts: dict) -> Tensor:
 def sft_loss(pairs: PairLogps, beta: float, opts: dict) -> Tensor:
     """Supervised loss on the chosen completion: its mean token NLL, -log pi(c) / |c| (beta unused)."""
     lc, _ = pairs.lengths()
-    return -pairs.chosen / lc.clamp(min=1)
+    chosen = pairs.chosen if pairs.chosen_plain is None else pairs.chosen_plain
+    return -chosen / lc.clamp(min=1)
 
 
 def _delta(pairs: PairLogps, opts: dict) -> Tensor:
-    return dpo_logits(pairs, opts.get("f_divergence_type", "reverse_kl"), opts.get("f_alpha_divergence_coef", 1.0))
+    return dpo_logits(pairs, opts.get("f_divergence_type", "reverse_kl"), opts.get("f_alpha_divergence_coef", 0.5))
 
 
 DPO_LOSSES: dict[str, Callable[[PairLogps, float, dict], Tensor]] = {

@@ -143,9 +143,12 @@ def truncate_pair(
     raise ValueError(f"truncation_mode must be 'keep_start' or 'keep_end' (got {mode!r})")
 
 
-def pad(rows: list[list], value, side: str = "right", dtype=torch.long) -> Tensor:
-    """Lists of different lengths -> (N, max_len) tensor padded with `value` on `side`."""
+def pad(rows: list[list], value, side: str = "right", dtype=torch.long, multiple: int | None = None) -> Tensor:
+    """Lists of different lengths -> (N, max_len) tensor padded with `value` on `side`; with `multiple`, the width
+    is rounded up to a multiple of it (TRL's `pad_to_multiple_of`)."""
     width = max((len(r) for r in rows), default=0)
+    if multiple:
+        width = -(-width // multiple) * multiple
     out = torch.full((len(rows), width), value, dtype=dtype)
     for i, r in enumerate(rows):
         if r:
@@ -159,7 +162,8 @@ def pad(rows: list[list], value, side: str = "right", dtype=torch.long) -> Tenso
 class DPODataCollator:
     """Tokenized DPO rows -> TRL v0.7.1's DPO batch: `chosen_input_ids`, `chosen_attention_mask`, `chosen_labels`
     (prompt + completion, right-padded; labels are `label_pad_token_id` on the prompt and padding), the same
-    for `rejected_*`, and `ref_chosen_logps` / `ref_rejected_logps` (B,) when the rows carry them."""
+    for `rejected_*`, and `ref_chosen_logps` / `ref_rejected_logps` (B,) when the rows carry them. With
+    `pad_to_multiple_of`, each side's width is rounded up to a multiple of it."""
 
     def __init__(
         self,
@@ -167,9 +171,11 @@ class DPODataCollator:
         label_pad_token_id: int = -100,
         max_length: int | None = None,
         truncation_mode: TruncationMode = "keep_start",
+        pad_to_multiple_of: int | None = None,
     ):
         self.pad_token_id, self.label_pad_token_id = pad_token_id, label_pad_token_id
         self.max_length, self.truncation_mode = max_length, truncation_mode
+        self.pad_to_multiple_of = pad_to_multiple_of
 
     def __call__(self, features: list[dict]) -> dict[str, Tensor]:
         batch: dict[str, Tensor] = {}
@@ -181,9 +187,10 @@ class DPODataCollator:
                 )
                 ids.append(p + c)
                 labels.append([self.label_pad_token_id] * len(p) + c)
-            batch[f"{side}_input_ids"] = pad(ids, self.pad_token_id)
-            batch[f"{side}_attention_mask"] = pad([[1] * len(r) for r in ids], 0)
-            batch[f"{side}_labels"] = pad(labels, self.label_pad_token_id)
+            k = self.pad_to_multiple_of
+            batch[f"{side}_input_ids"] = pad(ids, self.pad_token_id, multiple=k)
+            batch[f"{side}_attention_mask"] = pad([[1] * len(r) for r in ids], 0, multiple=k)
+            batch[f"{side}_labels"] = pad(labels, self.label_pad_token_id, multiple=k)
         for key in ("ref_chosen_logps", "ref_rejected_logps"):
             if key in features[0]:
                 batch[key] = torch.tensor([f[key] for f in features], dtype=torch.float32)
@@ -192,18 +199,19 @@ class DPODataCollator:
 
 class RewardDataCollatorWithPadding:
     """Seed columns -> right-padded `input_ids_chosen`, `attention_mask_chosen`, `input_ids_rejected`,
-    `attention_mask_rejected` (B, L) and `margin` (B,) when present. A missing mask means all ones."""
+    `attention_mask_rejected` (B, L) and `margin` (B,) when present. A missing mask means all ones. With
+    `pad_to_multiple_of`, each side's width is rounded up to a multiple of it."""
 
-    def __init__(self, pad_token_id: int):
-        self.pad_token_id = pad_token_id
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None):
+        self.pad_token_id, self.pad_to_multiple_of = pad_token_id, pad_to_multiple_of
 
     def __call__(self, features: list[dict]) -> dict[str, Tensor]:
         batch: dict[str, Tensor] = {}
         for side in ("chosen", "rejected"):
             ids = [list(f[f"input_ids_{side}"]) for f in features]
             masks = [list(f.get(f"attention_mask_{side}") or [1] * len(i)) for f, i in zip(features, ids)]
-            batch[f"input_ids_{side}"] = pad(ids, self.pad_token_id)
-            batch[f"attention_mask_{side}"] = pad(masks, 0)
+            batch[f"input_ids_{side}"] = pad(ids, self.pad_token_id, multiple=self.pad_to_multiple_of)
+            batch[f"attention_mask_{side}"] = pad(masks, 0, multiple=self.pad_to_multiple_of)
         if "margin" in features[0] and features[0]["margin"] is not None:
             batch["margin"] = torch.tensor([float(f["margin"]) for f in features], dtype=torch.float32)
         return batch

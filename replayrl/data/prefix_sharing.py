@@ -82,17 +82,32 @@ def _common_prefix(a: Tensor, b: Tensor) -> int:
     return int(differ[0]) if len(differ) else n
 
 
-def share_prefixes(chosen: Tensor, chosen_mask: Tensor, rejected: Tensor, rejected_mask: Tensor, pad_token_id: int):
-    """Right-padded chosen (B, Lc) and rejected (B, Lr) ids with their attention masks -> `SharedPrefixRows`."""
+def share_prefixes(
+    chosen: Tensor,
+    chosen_mask: Tensor,
+    rejected: Tensor,
+    rejected_mask: Tensor,
+    pad_token_id: int,
+    pad_to_multiple_of: int | None = None,
+):
+    """Right-padded chosen (B, Lc) and rejected (B, Lr) ids with their attention masks -> `SharedPrefixRows`, the
+    row width rounded up to a multiple of `pad_to_multiple_of` when given (padding columns, attending to
+    themselves only)."""
     pairs = []
     for i in range(chosen.shape[0]):
         a, b = chosen[i, : int(chosen_mask[i].sum())], rejected[i, : int(rejected_mask[i].sum())]
         pairs.append((a, b, _common_prefix(a, b)))
-    return _layout(pairs, pad_token_id)
+    return _layout(pairs, pad_token_id, pad_to_multiple_of)
 
 
 def share_prefixes_for(
-    model, chosen: Tensor, chosen_mask: Tensor, rejected: Tensor, rejected_mask: Tensor, pad_token_id: int
+    model,
+    chosen: Tensor,
+    chosen_mask: Tensor,
+    rejected: Tensor,
+    rejected_mask: Tensor,
+    pad_token_id: int,
+    pad_to_multiple_of: int | None = None,
 ) -> SharedPrefixRows | None:
     """`share_prefixes`, or None where `model` cannot be given the layout: its attention reads no 4D mask
     (FlashAttention, flex), a mask is not right-padded, or a sliding window is narrower than the rows."""
@@ -102,15 +117,19 @@ def share_prefixes_for(
     )
     if mask_kind(model) is None or not right_padded:
         return None
-    rows = share_prefixes(chosen, chosen_mask, rejected, rejected_mask, pad_token_id)
+    rows = share_prefixes(chosen, chosen_mask, rejected, rejected_mask, pad_token_id, pad_to_multiple_of)
     window = sliding_window(base_model(model).config)
     return None if window is not None and rows.input_ids.shape[1] > window else rows
 
 
-def _layout(pairs: list[tuple[Tensor, Tensor, int]], pad_token_id: int) -> SharedPrefixRows:
+def _layout(
+    pairs: list[tuple[Tensor, Tensor, int]], pad_token_id: int, multiple: int | None = None
+) -> SharedPrefixRows:
     sizes = [len(a) + len(b) - p for a, b, p in pairs]
     place = first_fit(sizes, max(sizes))
     width = max(offset + size for (_, offset), size in zip(place, sizes))
+    if multiple:
+        width = -(-width // multiple) * multiple
     num_rows, device = 1 + max(row for row, _ in place), pairs[0][0].device
     ids = torch.full((num_rows, width), pad_token_id, dtype=torch.long)
     positions = torch.zeros(num_rows, width, dtype=torch.long)

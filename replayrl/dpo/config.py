@@ -11,7 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replayrl.algos.preference import F_DIVERGENCES, check_loss_types
-from replayrl.training_args import TrainingArguments
+from replayrl.training_args import (
+    TrainingArguments,
+    check_pad_to_multiple_of,
+    resolve_pad_to_multiple_of,
+    warn_pad_token_deprecated,
+)
 
 
 def _help(text: str) -> dict:
@@ -24,6 +29,11 @@ class DPOConfig(TrainingArguments):
     `replayrl dpo --<field>` flag."""
 
     learning_rate: float = field(default=1e-6, metadata=_help("AdamW learning rate (TRL's DPO default 1e-6)."))
+    logging_steps: float = field(default=10, metadata=_help("Log every N optimizer steps (TRL's default 10)."))
+    trust_remote_code: bool = field(
+        default=False,
+        metadata=_help("Run the custom code a model, reference or tokenizer given by name ships with."),
+    )
     model_init_kwargs: dict[str, Any] | str | None = field(
         default=None, metadata=_help("Keyword arguments for `from_pretrained` when `model` is a name or path.")
     )
@@ -39,7 +49,19 @@ class DPOConfig(TrainingArguments):
     )
     # Data
     remove_unused_columns: bool | None = field(
-        default=False, metadata=_help("Kept False: the trainer tokenises the preference columns itself.")
+        default=True,
+        metadata=_help(
+            "Drop the dataset columns the trainer does not read (after tokenisation: the token ids and precomputed "
+            "reference log-probs are kept), as TRL. False keeps every column for a custom data_collator."
+        ),
+    )
+    pad_token: str | None = field(
+        default=None,
+        metadata=_help("Deprecated (TRL 1.16): the padding token (None: the tokenizer's, else EOS)."),
+    )
+    pad_to_multiple_of: int | str | None = field(
+        default="auto",
+        metadata=_help("Pad each batch's width to a multiple of this; 'auto' (TRL): 128 on Neuron, else no padding."),
     )
     max_prompt_length: int | None = field(
         default=512, metadata=_help("Prompt tokens kept (the last ones); None: no limit.")
@@ -90,7 +112,19 @@ class DPOConfig(TrainingArguments):
     f_divergence_type: str = field(
         default="reverse_kl", metadata=_help("f-DPO divergence: reverse_kl, js_divergence or alpha_divergence.")
     )
-    f_alpha_divergence_coef: float = field(default=1.0, metadata=_help("alpha of alpha_divergence."))
+    f_alpha_divergence_coef: float = field(
+        default=0.5,
+        metadata=_help(
+            "alpha of alpha_divergence, f'(u) = (u^(alpha-1) - 1) / (alpha - 1) (1: reverse_kl, 0: forward_kl)."
+        ),
+    )
+    ld_alpha: float | None = field(
+        default=None,
+        metadata=_help(
+            "LD-DPO (arXiv:2409.06411): weight of the completion tokens past the pair's shared length (min of the "
+            "two completion lengths) in the sequence log-probs, in [0, 1]; None: no weighting (standard DPO)."
+        ),
+    )
     discopop_tau: float = field(default=0.05, metadata=_help("Temperature of the discopop loss."))
     rpo_alpha: float | None = field(
         default=None, metadata=_help("RPO (arXiv:2404.19733): add rpo_alpha * NLL of the chosen completion.")
@@ -111,11 +145,18 @@ class DPOConfig(TrainingArguments):
     ref_model_mixup_alpha: float = field(default=0.6, metadata=_help("TR-DPO alpha: ref = a*policy + (1-a)*ref."))
     ref_model_sync_steps: int = field(default=512, metadata=_help("TR-DPO tau: sync every N optimizer steps."))
     disable_dropout: bool = field(default=True, metadata=_help("Turn dropout off in the model and the reference."))
+    activation_offloading: bool = field(
+        default=False,
+        metadata=_help("Keep the activations saved for backward in CPU memory during training (save_on_cpu)."),
+    )
 
     def __post_init__(self):
         if isinstance(self.loss_type, str):
             self.loss_type = [t.strip() for t in self.loss_type.split(",")]
+        warn_pad_token_deprecated(self.pad_token)
+        self.pad_to_multiple_of = resolve_pad_to_multiple_of(self.pad_to_multiple_of)
         super().__post_init__()
+        check_pad_to_multiple_of(self.pad_to_multiple_of)
         check_loss_types(self.loss_type, self.loss_weights)
         checks = [
             (self.beta > 0, f"beta must be > 0 (got {self.beta})."),
@@ -129,6 +170,11 @@ class DPOConfig(TrainingArguments):
                 f"f_divergence_type must be one of {F_DIVERGENCES} (got {self.f_divergence_type!r}).",
             ),
             (0 <= self.ref_model_mixup_alpha <= 1, "ref_model_mixup_alpha must be in [0, 1]."),
+            (
+                self.ld_alpha is None or 0 <= self.ld_alpha <= 1,
+                f"ld_alpha must be in [0, 1] (1: no weighting, 0: tokens past the shared length ignored) or None "
+                f"(got {self.ld_alpha}).",
+            ),
             (self.max_length is None or self.max_length > 0, f"max_length must be > 0 (got {self.max_length})."),
         ]
         for ok, message in checks:

@@ -79,7 +79,7 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
             )
         args = args if args is not None else DPOConfig(output_dir=f"{model_id(model).split('/')[-1]}-DPO")
         args = self._apply_seed_kwargs(args, seed_kwargs)
-        processing_class = load_tokenizer(processing_class or tokenizer, model)
+        processing_class = self._load_tokenizer(processing_class or tokenizer, model, args)
         prepare_streaming_training(args, train_dataset, "DPOTrainer")
         if args.precompute_ref_log_probs and is_streaming(train_dataset):
             raise ValueError(
@@ -96,7 +96,9 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
             eval_dataset = self._tokenize(eval_dataset, "eval_dataset", processing_class, args)
         pad_id = args.padding_value if args.padding_value is not None else processing_class.pad_token_id
         if data_collator is None:
-            data_collator = DPODataCollator(pad_id, args.label_pad_token_id, args.max_length, args.truncation_mode)
+            data_collator = DPODataCollator(
+                pad_id, args.label_pad_token_id, args.max_length, args.truncation_mode, args.pad_to_multiple_of
+            )
         super().__init__(
             model=model,
             args=args,
@@ -129,9 +131,25 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
         return args
 
     @staticmethod
+    def _load_tokenizer(processing_class, model, args: DPOConfig):
+        """The tokenizer (loaded with the model's name when not given), its pad token `args.pad_token` if set, else
+        its own, else EOS (TRL's order)."""
+        remote = {"trust_remote_code": True} if args.trust_remote_code else {}
+        processing_class = load_tokenizer(processing_class, model, pad_with_eos=args.pad_token is None, **remote)
+        if args.pad_token is not None:
+            if args.pad_token not in processing_class.get_vocab():
+                raise ValueError(
+                    f"pad_token={args.pad_token!r} is not in the tokenizer's vocabulary; pass one of its tokens, or "
+                    "leave pad_token unset (the tokenizer's pad token, else EOS)."
+                )
+            processing_class.pad_token = args.pad_token
+        return processing_class
+
+    @staticmethod
     def _load_models(model, ref_model, args: DPOConfig, peft_config) -> tuple:
         """(policy, reference or None): loaded, PEFT-wrapped, dropout off."""
-        model = apply_peft(load_model(model, args.model_init_kwargs), peft_config)
+        model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
+        model = apply_peft(model, peft_config)
         ref_model = DPOTrainer._build_ref_model(model, ref_model, args)
         check_ref_sync(args, ref_model)
         if args.disable_dropout:
@@ -150,7 +168,13 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
             ref_kwargs = args.ref_model_init_kwargs
             if isinstance(ref_model, str) and not {"dtype", "torch_dtype"} & set(ref_kwargs or {}):
                 ref_kwargs = {**(ref_kwargs or {}), "dtype": model.dtype}  # like the policy, as TRL builds it
-            ref_model = load_model(ref_model, ref_kwargs, role="ref_model", kwargs_name="ref_model_init_kwargs")
+            ref_model = load_model(
+                ref_model,
+                ref_kwargs,
+                role="ref_model",
+                kwargs_name="ref_model_init_kwargs",
+                trust_remote_code=args.trust_remote_code,
+            )
         elif is_peft_model(model) or args.precompute_ref_log_probs:
             return None
         else:
@@ -179,6 +203,17 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
             remove_columns=[c for c in columns if c not in keep],
             **map_options(dataset, args.dataset_num_proc, f"Tokenizing {name}"),
         )
+
+    def _set_signature_columns_if_needed(self):
+        """The columns `remove_unused_columns=True` keeps: the tokenised pair and precomputed reference log-probs."""
+        if self._signature_columns is None:
+            self._signature_columns = [
+                "prompt_input_ids",
+                "chosen_input_ids",
+                "rejected_input_ids",
+                "ref_chosen_logps",
+                "ref_rejected_logps",
+            ]
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
         """As Trainer.evaluate; a dataset passed here is tokenised (and gets reference log-probs when
@@ -257,17 +292,17 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
     def _forward(self, model, batch: dict[str, Tensor], with_logits: bool = True) -> dict[str, Tensor]:
         """One forward on the 2B concatenated rows -> chosen/rejected `logps` and `lengths` (B,) each, and with
         `with_logits` the mean completion logits and (use_weighting) WPO log-weights."""
-        pad, wpo = self.args.label_pad_token_id, self.args.use_weighting
+        pad, wpo, ld_alpha = self.args.label_pad_token_id, self.args.use_weighting, self.args.ld_alpha
         rows = self._shared_rows(model, batch)
         if rows is not None:
-            sums = shared_sums(model, batch, rows, pad, with_logits, wpo)
+            sums = shared_sums(model, batch, rows, pad, with_logits, wpo, ld_alpha)
             # MoE router loss: real tokens, a shared prompt token twice (as in the two rows per pair of TRL's layout)
             self._router_token_mask = (rows.segments != PADDING).float() + (rows.segments == PREFIX).float()
         else:
             c = self.concatenated_inputs(batch)
             ids, mask, labels = c["concatenated_input_ids"], c["concatenated_attention_mask"], c["concatenated_labels"]
             layout = packed_sums if self.args.padding_free else padded_sums
-            sums = layout(model, ids, mask, labels, pad, with_logits, wpo)
+            sums = layout(model, ids, mask, labels, pad, with_logits, wpo, ld_alpha)
             self._router_token_mask = None if self.args.padding_free else mask  # packed rows hold real tokens only
         n = batch["chosen_input_ids"].shape[0]
         out = {}
@@ -281,7 +316,7 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
             return None
         pad_id = getattr(self.data_collator, "pad_token_id", None) or 0
         parts = (batch[f"{side}_{key}"] for side in SIDES for key in ("input_ids", "attention_mask"))
-        return share_prefixes_for(model, *parts, pad_id)
+        return share_prefixes_for(model, *parts, pad_id, self.args.pad_to_multiple_of)
 
     # ----------------------------------------------------------------------------------------- loss
     def dpo_loss(
@@ -293,11 +328,13 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
         reference_free: bool | None = None,
         chosen_lengths: Tensor | None = None,
         rejected_lengths: Tensor | None = None,
+        chosen_plain_logps: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """TRL v0.7.1's: (losses (B,), chosen_rewards (B,), rejected_rewards (B,)) under the configured loss_type(s).
         Log-probs (B,). `reference_free` None (the default) follows `DPOConfig.reference_free`; True takes the
         reference log-probs as 0. Without lengths, length-normalised losses (ipo, sigmoid_norm, sft) take the
-        log-probs as given."""
+        log-probs as given. `chosen_plain_logps`: the unweighted chosen log-probs where the others are LD-DPO
+        weighted (`ld_alpha`), for the sft loss."""
         if reference_free is None:
             reference_free = self.args.reference_free
         if reference_free:
@@ -311,6 +348,7 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
             reference_rejected_logps,
             chosen_lengths if chosen_lengths is not None else ones,
             rejected_lengths if rejected_lengths is not None else ones,
+            chosen_plain_logps,
         )
         losses, self._last_loss_parts = dpo_losses(
             self.args.loss_type, pairs, self.args.beta, self.args.loss_weights, **self._loss_options()
@@ -346,9 +384,11 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
             self.args.reference_free,
             out["chosen_lengths"],
             out["rejected_lengths"],
+            out.get("chosen_plain_logps"),
         )
         if self.args.rpo_alpha is not None:  # RPO: NLL of the chosen completion, mean over its tokens
-            losses = losses + self.args.rpo_alpha * (-out["chosen_logps"] / out["chosen_lengths"].clamp(min=1))
+            chosen = out.get("chosen_plain_logps", out["chosen_logps"])
+            losses = losses + self.args.rpo_alpha * (-chosen / out["chosen_lengths"].clamp(min=1))
         if self.args.use_weighting:
             losses = losses * wpo_weights(out["chosen_wpo"], out["rejected_wpo"])
         self._record_metrics(train_eval, out, chosen_rewards, rejected_rewards, losses)

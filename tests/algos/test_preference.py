@@ -129,8 +129,26 @@ def test_f_divergences():
     softplus = lambda x: math.log1p(math.exp(x))  # noqa: E731
     assert dpo_logits(p, "js_divergence").item() == pytest.approx(6 - (softplus(4) - softplus(-2)))
     assert dpo_logits(p, "alpha_divergence", 0.5).item() == pytest.approx((math.exp(1.0) - math.exp(-2.0)) / 0.5)
+    # TRL 1.16: f'(u) = (u^(alpha-1) - 1) / (alpha - 1); Delta = f'(u_c) - f'(u_r), log u_c = 4, log u_r = -2
+    f_alpha = lambda a, lr: (math.exp((a - 1) * lr) - 1) / (a - 1)  # noqa: E731
+    assert dpo_logits(p, "alpha_divergence", 2.0).item() == pytest.approx(f_alpha(2.0, 4) - f_alpha(2.0, -2))
+    assert dpo_logits(p, "alpha_divergence", 1.0).item() == pytest.approx(6.0)  # the limit: reverse KL
+    forward = (1 - math.exp(-4)) - (1 - math.exp(2))  # f'(u) = 1 - 1/u
+    assert dpo_logits(p, "forward_kl").item() == pytest.approx(forward)
+    assert dpo_logits(p, "alpha_divergence", 0.0).item() == pytest.approx(forward)
     with pytest.raises(ValueError, match="f_divergence_type"):
-        dpo_logits(p, "forward_kl")
+        dpo_logits(p, "kl")
+
+
+def test_ld_token_weights_hand_computed():
+    from replayrl.algos.preference import ld_token_weights, shared_completion_lengths
+
+    # one pair: chosen completion of 2 tokens (after 1 prompt column), rejected of 4
+    positions = torch.tensor([[0, 1, 2, 0, 0], [0, 1, 2, 3, 4]])
+    shared = shared_completion_lengths(torch.tensor([2, 4]))
+    assert shared.tolist() == [2, 2]
+    weights = ld_token_weights(positions, shared[:, None], 0.3)
+    assert torch.allclose(weights, torch.tensor([[0, 1, 1, 0, 0], [0, 1, 1, 0.3, 0.3]]))
 
 
 @pytest.mark.parametrize("loss_type", sorted(EXPECTED))
