@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from replayrl.training_args import TrainingArguments
+from replayrl.training_args import (
+    TrainingArguments,
+    check_pad_to_multiple_of,
+    resolve_pad_to_multiple_of,
+    warn_pad_token_deprecated,
+)
 
 
 def _help(text: str) -> dict:
@@ -21,8 +26,33 @@ class RewardConfig(TrainingArguments):
     model_init_kwargs: dict[str, Any] | str | None = field(
         default=None, metadata=_help("Keyword arguments for `from_pretrained` when `model` is a name or path.")
     )
+    logging_steps: float = field(default=10, metadata=_help("Log every N optimizer steps (TRL's default 10)."))
+    trust_remote_code: bool = field(
+        default=False,
+        metadata=_help("Run the custom code a model or tokenizer given by name ships with (`from_pretrained`'s flag)."),
+    )
+    chat_template_path: str | None = field(
+        default=None,
+        metadata=_help("A chat template file (.jinja) or tokenizer folder whose template replaces the tokenizer's."),
+    )
+    eos_token: str | None = field(
+        default=None,
+        metadata=_help("The tokenizer's end-of-text token (and the model config's eos_token_id); None: unchanged."),
+    )
+    pad_token: str | None = field(
+        default=None,
+        metadata=_help("Deprecated (TRL 1.16): the padding token, also the model config's pad_token_id."),
+    )
     remove_unused_columns: bool | None = field(
-        default=False, metadata=_help("Kept False: the trainer tokenises the preference columns itself.")
+        default=True,
+        metadata=_help(
+            "Drop the dataset columns the trainer does not read (after tokenisation: the token ids, masks and "
+            "margin are kept), as TRL. False keeps every column for a custom data_collator."
+        ),
+    )
+    pad_to_multiple_of: int | str | None = field(
+        default="auto",
+        metadata=_help("Pad each batch's width to a multiple of this; 'auto' (TRL): 128 on Neuron, else no padding."),
     )
     max_length: int | None = field(
         default=1024,
@@ -48,10 +78,17 @@ class RewardConfig(TrainingArguments):
         ),
     )
     disable_dropout: bool = field(default=True, metadata=_help("Turn dropout off in the model."))
+    activation_offloading: bool = field(
+        default=False,
+        metadata=_help("Keep the activations saved for backward in CPU memory during training (save_on_cpu)."),
+    )
     dataset_num_proc: int | None = field(default=None, metadata=_help("Processes for tokenising the dataset."))
 
     def __post_init__(self):
+        warn_pad_token_deprecated(self.pad_token)
+        self.pad_to_multiple_of = resolve_pad_to_multiple_of(self.pad_to_multiple_of)
         super().__post_init__()
+        check_pad_to_multiple_of(self.pad_to_multiple_of)
         if self.max_length is not None and self.max_length <= 0:
             raise ValueError(f"max_length must be > 0 or None (got {self.max_length}).")
         if self.center_rewards_coefficient is not None and self.center_rewards_coefficient < 0:

@@ -24,6 +24,7 @@ from replayrl.algos.preference import bradley_terry_loss, pairwise_accuracy
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.preference import RewardDataCollatorWithPadding, dataset_kind, tokenize_reward_row
 from replayrl.data.prefix_sharing import SIDES, SharedPrefixRows, share_prefixes_for
+from replayrl.data.sft import load_chat_template
 from replayrl.data.streaming import column_names, is_streaming, map_options, prepare_streaming_training
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.attention import attention_mask_for, base_model
@@ -63,6 +64,26 @@ def check_pad_token(model: PreTrainedModel, tokenizer) -> int:
     return model.config.pad_token_id
 
 
+def apply_token_settings(model: PreTrainedModel, tokenizer, args: RewardConfig) -> None:
+    """TRL 1.16's tokenizer options: `eos_token` and `pad_token` become the tokenizer's (each must be one of its
+    tokens) and the model config's ids; `chat_template_path` replaces its chat template."""
+    for name in ("eos_token", "pad_token"):
+        token = getattr(args, name)
+        if token is None:
+            continue
+        if tokenizer is None or token not in tokenizer.get_vocab():
+            raise ValueError(
+                f"{name}={token!r} is not in the tokenizer's vocabulary (or no tokenizer was given); pass one of its "
+                f"tokens, or leave {name} unset."
+            )
+        setattr(tokenizer, name, token)
+        setattr(model.config, f"{name}_id", getattr(tokenizer, f"{name}_id"))
+    if args.chat_template_path is not None:
+        if tokenizer is None:
+            raise ValueError("chat_template_path needs a tokenizer: pass processing_class.")
+        load_chat_template(tokenizer, args.chat_template_path)
+
+
 class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
     """TRL-compatible reward trainer; also takes TRL v0.7.1's pre-tokenized columns, `tokenizer=` and
     `max_length=`."""
@@ -90,12 +111,17 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         if max_length is not None:
             args.max_length = max_length
         prepare_streaming_training(args, train_dataset, "RewardTrainer")
-        model = load_model(model, args.model_init_kwargs, architecture="reward", role="reward model")
+        model = load_model(
+            model, args.model_init_kwargs, architecture="reward", role="reward model",
+            trust_remote_code=args.trust_remote_code,
+        )  # fmt: skip
         if getattr(model.config, "num_labels", 1) != 1:
             raise ValueError(f"the reward model must have num_labels=1 (got {model.config.num_labels}).")
         processing_class = processing_class or tokenizer
         if processing_class is None and name:
-            processing_class = load_tokenizer(None, name, pad_with_eos=False)
+            remote = {"trust_remote_code": True} if args.trust_remote_code else {}
+            processing_class = load_tokenizer(None, name, pad_with_eos=False, **remote)
+        apply_token_settings(model, processing_class, args)
         pad_id = check_pad_token(model, processing_class)
         model = apply_peft(model, peft_config)
         if args.disable_dropout:
@@ -106,7 +132,7 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         super().__init__(
             model=model,
             args=args,
-            data_collator=data_collator or RewardDataCollatorWithPadding(pad_id),
+            data_collator=data_collator or RewardDataCollatorWithPadding(pad_id, args.pad_to_multiple_of),
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
             processing_class=processing_class,
@@ -119,6 +145,17 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
         self._total_tokens = 0
         attach_metrics_file(self)
+
+    def _set_signature_columns_if_needed(self):
+        """The columns `remove_unused_columns=True` keeps: the tokenised pair, its masks and the margin."""
+        if self._signature_columns is None:
+            self._signature_columns = [
+                "input_ids_chosen",
+                "attention_mask_chosen",
+                "input_ids_rejected",
+                "attention_mask_rejected",
+                "margin",
+            ]
 
     @staticmethod
     def _prepare(dataset, name: str, tokenizer, args: RewardConfig):
@@ -186,7 +223,7 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
 
     def _shared_rows(self, model, batch: dict[str, Tensor]) -> SharedPrefixRows | None:
         parts = (batch[f"{key}_{side}"] for side in SIDES for key in ("input_ids", "attention_mask"))
-        return share_prefixes_for(model, *parts, self.pad_token_id)
+        return share_prefixes_for(model, *parts, self.pad_token_id, self.args.pad_to_multiple_of)
 
     def _shared_rewards(self, model, head: nn.Module, rows: SharedPrefixRows, batch) -> tuple[Tensor, Tensor]:
         """The head's outputs at every column of the shared rows (caught from inside the model's own forward, so
