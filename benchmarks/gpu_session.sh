@@ -66,7 +66,7 @@ run() {
     } >"$OUT/setup.txt" 2>&1
     # shellcheck disable=SC2086 # word splitting of the lists is meant
     within "${SCALE_S:-420}" "$PYTHON" benchmarks/scale.py ${SCALE_ARGS:---rounds 1} --logs "$OUT/logs" \
-        --trl-python "${TRL_PYTHON:-$PYTHON}" --trainers $trainers "${profile[@]}" >"$OUT/scale.txt" 2>&1
+        --trl-python "${TRL_PYTHON:-$PYTHON}" --trainers $trainers ${profile[@]+"${profile[@]}"} >"$OUT/scale.txt" 2>&1
     rc=$?
     echo "scale rc=$rc after $(($(date +%s) - START)) s" >>"$OUT/scale.txt"
     # Written during this run only: the results JSON and the profile tables (scale.py writes them per trainer).
