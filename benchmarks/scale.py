@@ -1,7 +1,7 @@
 """replayrl vs TRL 1.16 at real scale: a Qwen2-0.5B-shaped model in bf16 with the 151,936-token vocabulary.
 
     python benchmarks/scale.py [--trainers sft dpo reward grpo] [--rounds 2] [--trl-python PATH] [--quick]
-                               [--profile [TRAINER ...]] [--logs DIR]
+                               [--profile [TRAINER ...]] [--logs DIR] [--output NAME]
 
 For each of SFT, DPO (sigmoid, reference model), reward and GRPO (beta 0, transformers generate): median seconds per
 optimizer step (and CPU seconds of the process per step: on a shared machine the steadier figure), tokens/s, and the
@@ -158,7 +158,7 @@ def profile_lines(profile: dict) -> list[str]:
         head = f"    profile {part}: wall {p['wall_s']:.3f} s, {p['launches']} launches, {p['kernels']} kernels, "
         head += f"{p['d2h_copies']} D2H copies, syncs: {syncs or 'none'}"
         if p.get("per_decode_step"):
-            head += f"; unprofiled {p['generate_s']:.3f} s; per decode step ({p['decode_steps']}): "
+            head += f"; unprofiled {p['generate_runs_s']} s; per decode step ({p['decode_steps']}): "
             head += ", ".join(f"{k} {v}" for k, v in p["per_decode_step"].items() if v)
         lines.append(head)
         for key, name in (("top_device_ms", "device"), ("top_cpu_ms", "CPU")):
@@ -174,13 +174,14 @@ def main(argv=None) -> None:
     p.add_argument("--trl-python", default=TRL_PYTHON)
     p.add_argument("--quick", action="store_true", help="smoke run: 1 warm-up + 1 step, 1 round")
     p.add_argument("--profile", nargs="*", choices=list(RUNS), help="profile these trainers' runs (none named: all)")
+    p.add_argument("--output", help="results name under benchmarks/results (default scale_<device>)")
     p.add_argument("--logs", type=Path, help="keep the worker logs in this folder (default: the scratch folder)")
     args = p.parse_args(argv)
     profiled = set(args.trainers if args.profile == [] else args.profile or [])
     import torch
 
     device = "gpu" if torch.cuda.is_available() else "cpu"
-    name = f"scale_{device}"
+    name = args.output or f"scale_{device}"
     rounds = 1 if args.quick else args.rounds
     timing = TIMING["quick" if args.quick else device]
     work = Path(tempfile.mkdtemp(prefix="replayrl-scale-"))
