@@ -1,8 +1,8 @@
 """`KTOConfig`: TRL 1.16's `KTOConfig`, every field with TRL's default, on `transformers.TrainingArguments`.
 
 Fields that replayrl's KTO does not implement are refused at any value but the inactive one, with the reason:
-`precompute_ref_log_probs` / `precompute_ref_batch_size`, `activation_offloading`, and a non-zero
-`router_aux_loss_coef` (Mixture-of-Experts auxiliary loss).
+`precompute_ref_log_probs` / `precompute_ref_batch_size` and a non-zero `router_aux_loss_coef` (Mixture-of-Experts
+auxiliary loss).
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ class KTOConfig(TRLBaseArguments):
     desirable_weight: float = field(default=1.0, metadata=_help("Weight of the desirable examples' losses."))
     undesirable_weight: float = field(default=1.0, metadata=_help("Weight of the undesirable examples' losses."))
     activation_offloading: bool = field(
-        default=False, metadata=_help("Offload activations to the CPU (not supported here).")
+        default=False,
+        metadata=_help("Keep the activations saved for backward in CPU memory during training (save_on_cpu)."),
     )
     sync_ref_model: bool = field(default=False, metadata=_help("TR-DPO: periodically mix the policy into the ref."))
     ref_model_mixup_alpha: float = field(default=0.6, metadata=_help("TR-DPO alpha: ref = a*policy + (1-a)*ref."))
@@ -78,7 +79,6 @@ class KTOConfig(TRLBaseArguments):
         refusals = [
             (self.precompute_ref_log_probs, "precompute_ref_log_probs=True is not implemented by replayrl's KTO"),
             (self.precompute_ref_batch_size is not None, "precompute_ref_batch_size is unused (no precomputation)"),
-            (self.activation_offloading, "activation_offloading=True is not implemented by replayrl"),
             (bool(self.router_aux_loss_coef), "router_aux_loss_coef: replayrl's KTO adds no MoE auxiliary loss"),
         ]
         for bad, reason in refusals:

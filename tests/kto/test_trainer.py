@@ -36,7 +36,6 @@ def test_every_trl_field_with_trl_defaults():
     "overrides, match",
     [
         ({"precompute_ref_log_probs": True}, "precompute_ref_log_probs=True is not implemented"),
-        ({"activation_offloading": True}, "activation_offloading"),
         ({"router_aux_loss_coef": 0.01}, "router_aux_loss_coef"),
         ({"loss_type": "bco"}, "loss_type must be one of"),
     ],
@@ -44,6 +43,18 @@ def test_every_trl_field_with_trl_defaults():
 def test_options_that_cannot_apply_are_refused_with_the_fix(tmp_path, overrides, match):
     with pytest.raises(ValueError, match=match):
         kto_args(tmp_path, **overrides)
+
+
+def test_activation_offloading_gives_the_same_steps(tokenizer, tmp_path):
+    """save_on_cpu around the training forward (replayrl.accumulation): the same losses and weights."""
+    runs = []
+    for offload in (False, True):
+        trainer = make(tokenizer, tmp_path / str(offload), activation_offloading=offload)
+        losses = [h["loss"] for h in loss_logs(trainer)]
+        runs.append((losses, [p.detach().clone() for p in trainer.model.parameters()]))
+    assert runs[1][0] == pytest.approx(runs[0][0], abs=1e-6)
+    for a, b in zip(runs[0][1], runs[1][1]):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-6)
 
 
 def test_one_row_per_step_is_refused(tokenizer, tmp_path):
