@@ -34,7 +34,14 @@ from replayrl.dpo.config import DPOConfig
 from replayrl.dpo.sequence_logps import packed_sums, padded_sums, shared_sums
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.attention import is_peft_model
-from replayrl.models.loading import apply_peft, disable_dropout, load_model, load_tokenizer, model_id
+from replayrl.models.loading import (
+    apply_peft,
+    disable_dropout,
+    load_model,
+    load_tokenizer,
+    model_id,
+    set_special_token,
+)
 from replayrl.models.moe import RouterAuxLossMixin
 from replayrl.models.reference import ReferenceModelMixin, check_ref_sync
 
@@ -137,12 +144,7 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
         remote = {"trust_remote_code": True} if args.trust_remote_code else {}
         processing_class = load_tokenizer(processing_class, model, pad_with_eos=args.pad_token is None, **remote)
         if args.pad_token is not None:
-            if args.pad_token not in processing_class.get_vocab():
-                raise ValueError(
-                    f"pad_token={args.pad_token!r} is not in the tokenizer's vocabulary; pass one of its tokens, or "
-                    "leave pad_token unset (the tokenizer's pad token, else EOS)."
-                )
-            processing_class.pad_token = args.pad_token
+            set_special_token(processing_class, "pad_token", args.pad_token)
         return processing_class
 
     @staticmethod

@@ -128,6 +128,17 @@ def load_tokenizer(
     return processing_class
 
 
+def set_special_token(tokenizer, name: str, token: str) -> None:
+    """`tokenizer.<name> = token` (name: "pad_token", "eos_token"), as TRL 1.16's configs set them; a token that is
+    not in the vocabulary (or no tokenizer) is a ValueError naming it, not a new token the model has no row for."""
+    if tokenizer is None or token not in tokenizer.get_vocab():
+        raise ValueError(
+            f"{name}={token!r} is not in the tokenizer's vocabulary (or no tokenizer was given); pass one of its "
+            f"tokens, or leave {name} unset."
+        )
+    setattr(tokenizer, name, token)
+
+
 def apply_peft(model: PreTrainedModel, peft_config) -> PreTrainedModel:
     """`model` wrapped by `peft.get_peft_model(model, peft_config)`; unchanged when `peft_config` is None."""
     if peft_config is None:

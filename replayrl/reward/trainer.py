@@ -28,7 +28,14 @@ from replayrl.data.sft import load_chat_template
 from replayrl.data.streaming import column_names, is_streaming, map_options, prepare_streaming_training
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.attention import attention_mask_for, base_model
-from replayrl.models.loading import apply_peft, disable_dropout, load_model, load_tokenizer, model_id
+from replayrl.models.loading import (
+    apply_peft,
+    disable_dropout,
+    load_model,
+    load_tokenizer,
+    model_id,
+    set_special_token,
+)
 from replayrl.reward.config import RewardConfig
 
 logger = logging.getLogger(__name__)
@@ -69,15 +76,9 @@ def apply_token_settings(model: PreTrainedModel, tokenizer, args: RewardConfig) 
     tokens) and the model config's ids; `chat_template_path` replaces its chat template."""
     for name in ("eos_token", "pad_token"):
         token = getattr(args, name)
-        if token is None:
-            continue
-        if tokenizer is None or token not in tokenizer.get_vocab():
-            raise ValueError(
-                f"{name}={token!r} is not in the tokenizer's vocabulary (or no tokenizer was given); pass one of its "
-                f"tokens, or leave {name} unset."
-            )
-        setattr(tokenizer, name, token)
-        setattr(model.config, f"{name}_id", getattr(tokenizer, f"{name}_id"))
+        if token is not None:
+            set_special_token(tokenizer, name, token)
+            setattr(model.config, f"{name}_id", getattr(tokenizer, f"{name}_id"))
     if args.chat_template_path is not None:
         if tokenizer is None:
             raise ValueError("chat_template_path needs a tokenizer: pass processing_class.")

@@ -38,7 +38,7 @@ from replayrl.data.sft import (
 from replayrl.data.streaming import first_row, is_streaming, prepare_streaming_training
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.lm_head import forward_to_head
-from replayrl.models.loading import apply_peft, load_model, load_tokenizer, model_id
+from replayrl.models.loading import apply_peft, load_model, load_tokenizer, model_id, set_special_token
 from replayrl.models.moe import RouterAuxLossMixin
 from replayrl.sft.config import SFTConfig
 
@@ -146,7 +146,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         remote = {"trust_remote_code": True} if args.trust_remote_code else {}
         processing_class = load_tokenizer(processing_class, model, pad_with_eos=False, **remote)
         if args.pad_token is not None:
-            processing_class.pad_token = args.pad_token
+            set_special_token(processing_class, "pad_token", args.pad_token)
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
         if args.chat_template_path is not None:

@@ -100,6 +100,9 @@ def test_pad_token_is_applied_with_trls_deprecation_warning(tmp_path):
         args = sft_args(tmp_path, pad_token="<|im_end|>")
     trainer = SFTTrainer(build_tiny_model(tok), args=args, train_dataset=addition_dataset(8), processing_class=tok)
     assert trainer.processing_class.pad_token == "<|im_end|>"
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="pad_token='<nope>' is not in the tokenizer"):
+        args = sft_args(tmp_path, pad_token="<nope>")
+        SFTTrainer(build_tiny_model(tok), args=args, train_dataset=addition_dataset(8), processing_class=tok)
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         sft_args(tmp_path)
