@@ -46,12 +46,13 @@ class TokenStats(NamedTuple):
     """Per-position results of `chunked_token_stats`, each shaped like its ``targets``.
 
     ``logps``: float32 log-prob of the target token (0 where not computed); ``entropy``: float32 entropy in nats
-    (None unless asked for); ``predicted``: argmax token id (-1 where not computed), no gradient.
+    (None unless asked for); ``predicted``: argmax token id (-1 where not computed; None unless asked for: on a CPU
+    the arg-max reduction costs about as much as the softmax's ``exp``), no gradient.
     """
 
     logps: Tensor
     entropy: Tensor | None
-    predicted: Tensor
+    predicted: Tensor | None
 
 
 def default_chunk_size(
@@ -74,8 +75,8 @@ def _chunk_logits(source: Tensor, weight: Tensor | None, bias: Tensor | None, in
     """float32 logits (c, V) of the chunk ``sl`` of the selected positions."""
     rows = source[tuple(i[sl] for i in index)]  # (c, D): a copy of this chunk only
     logits = rows if weight is None else F.linear(rows, weight, bias)
-    logits = logits.to(_compute_dtype(source))
-    return logits / temperature if temperature != 1.0 else logits
+    logits = logits.to(_compute_dtype(source))  # a fresh tensor either way (indexing copies): safe to divide in place
+    return logits.div_(temperature) if temperature != 1.0 else logits
 
 
 def _compute_dtype(source: Tensor) -> torch.dtype:
@@ -94,23 +95,25 @@ class _VocabChunks(torch.autograd.Function):
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")  # backward recomputes under the forward's autocast state
-    def forward(ctx, source, weight, bias, index, targets, temperature, chunk, with_entropy, entropy_grad):
+    def forward(ctx, source, weight, bias, index, targets, temperature, chunk, with_entropy, entropy_grad, with_argmax):
         n = targets.shape[0]
         device = source.device
         dtype = _compute_dtype(source)
         logps = torch.empty(n, dtype=dtype, device=device)
         entropy = torch.empty(n if with_entropy else 0, dtype=dtype, device=device)
-        predicted = torch.empty(n, dtype=torch.long, device=device)
+        predicted = torch.empty(n if with_argmax else 0, dtype=torch.long, device=device)
+        # Each position's largest logit and sum of exp(logit - largest): backward's softmax without a reduction
+        shift, total = torch.empty(n, dtype=dtype, device=device), torch.empty(n, dtype=dtype, device=device)
         for start in range(0, n, chunk):
             sl = slice(start, start + chunk)
             logits = _chunk_logits(source, weight, bias, index, sl, temperature)
-            predicted[sl] = logits.argmax(-1)
-            logp, p = _log_softmax_and_softmax(logits)
-            logps[sl] = logp.gather(-1, targets[sl, None]).squeeze(-1)
+            if with_argmax:
+                predicted[sl] = logits.argmax(-1)
+            shift[sl], total[sl], logps[sl], ent = _chunk_stats(logits, targets[sl], with_entropy, weight is None)
             if with_entropy:
-                entropy[sl] = -_plogp_(p, logp).sum(-1)
-            del logits, logp, p
-        ctx.save_for_backward(source, weight, bias, targets, *index)
+                entropy[sl] = ent
+            del logits, ent
+        ctx.save_for_backward(source, weight, bias, targets, shift, total, *index)
         ctx.settings = (temperature, chunk, entropy_grad and with_entropy)
         ctx.mark_non_differentiable(predicted)
         if not (entropy_grad and with_entropy):
@@ -120,7 +123,7 @@ class _VocabChunks(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, grad_logps, grad_entropy, _grad_predicted):
-        source, weight, bias, targets, *index = ctx.saved_tensors
+        source, weight, bias, targets, shift, total, *index = ctx.saved_tensors
         temperature, chunk, entropy_grad = ctx.settings
         need_source, need_weight, need_bias = ctx.needs_input_grad[:3]
         grad_source = torch.zeros_like(source) if need_source else None
@@ -128,11 +131,15 @@ class _VocabChunks(torch.autograd.Function):
         grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_bias else None
         for start in range(0, targets.shape[0], chunk):
             sl = slice(start, start + chunk)
-            logp, p = _log_softmax_and_softmax(_chunk_logits(source, weight, bias, index, sl, temperature))
-            g = _chunk_grad(logp, p, targets[sl], grad_logps[sl], grad_entropy[sl] if entropy_grad else None)
-            del logp
-            if temperature != 1.0:
-                g /= temperature
+            z = _chunk_logits(source, weight, bias, index, sl, temperature).sub_(shift[sl, None])
+            scale = grad_logps[sl] / temperature
+            if entropy_grad:
+                logp = z.sub_(total[sl, None].log())
+                g = _chunk_grad(logp, logp.exp(), targets[sl], grad_logps[sl], grad_entropy[sl]).div_(temperature)
+            else:  # scale * (onehot - e / total), written over the shifted logits
+                g = z.exp_().mul_((-scale / total[sl])[:, None])
+                g.scatter_add_(-1, targets[sl, None], scale[:, None].to(g.dtype))
+            del z
             rows = tuple(i[sl] for i in index)
             if weight is None:
                 if need_source:
@@ -147,7 +154,30 @@ class _VocabChunks(torch.autograd.Function):
                 grad_bias += g.float().sum(0)
         if grad_bias is not None:
             grad_bias = grad_bias.to(bias.dtype)
-        return grad_source, grad_weight, grad_bias, None, None, None, None, None, None
+        return grad_source, grad_weight, grad_bias, None, None, None, None, None, None, None
+
+
+def _chunk_stats(
+    logits: Tensor, targets: Tensor, with_entropy: bool, masked: bool
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``(largest logit, sum of exp(logit - largest), log-prob of the target, entropy or None)`` per row of float
+    logits ``(c, V)`` (overwritten), in four passes over the chunk (six with the entropy, one extra buffer).
+
+    With ``z`` the shifted logits (largest 0), ``e = exp(z)`` and ``s = sum e``: ``log p_y = z_y - log s`` and the
+    entropy ``-sum p log p = log s - sum(e z) / s``. ``masked``: logits that may hold -inf, where ``e z`` is taken
+    as its limit 0."""
+    shift = logits.amax(-1, keepdim=True)
+    z = logits.sub_(shift)
+    z_target = z.gather(-1, targets[:, None]).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        e = z.exp()
+        total = e.sum(-1)
+        ez = e.mul_(z)
+        entropy = total.log() - (ez.nan_to_num_(nan=0.0) if masked else ez).sum(-1) / total
+    else:
+        total = z.exp_().sum(-1)
+    return shift.squeeze(-1), total, z_target - total.log(), entropy
 
 
 def _log_softmax_and_softmax(logits: Tensor) -> tuple[Tensor, Tensor]:
@@ -192,6 +222,7 @@ def chunked_token_stats(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    with_predicted: bool = False,
     chunk_size: int | None = None,
 ) -> TokenStats:
     """Log-prob of each target token under ``softmax(logits / temperature)``, without a full-vocabulary copy.
@@ -200,7 +231,8 @@ def chunked_token_stats(
     (``weight (V, H)``, ``bias (V,)`` or None) maps to them; ``targets``: long ``(*S)``; ``mask``: bool ``(*S)``,
     the positions to compute (None: all). Returns `TokenStats` shaped ``(*S)``; ``logps`` (and with
     ``entropy_grad`` the entropy) carry gradients to ``source``, ``weight`` and ``bias``. ``chunk_size``: positions
-    per chunk (default: `default_chunk_size`). ``with_entropy`` without ``entropy_grad`` is a metric (no gradient).
+    per chunk (default: `default_chunk_size`). ``with_entropy`` without ``entropy_grad`` is a metric (no gradient);
+    ``with_predicted``: also the argmax token (SFT's token accuracy).
     """
     if targets.shape != source.shape[:-1]:
         raise ValueError(f"targets {tuple(targets.shape)} must match source {tuple(source.shape)} without its last dim")
@@ -210,12 +242,12 @@ def chunked_token_stats(
     index = mask.nonzero(as_tuple=True)
     chunk = chunk_size or default_chunk_size(vocab, device=source.device, positions=index[0].shape[0])
     logps, entropy, predicted = _VocabChunks.apply(
-        source, weight, bias, index, targets[index], temperature, chunk, with_entropy, entropy_grad
+        source, weight, bias, index, targets[index], temperature, chunk, with_entropy, entropy_grad, with_predicted
     )
     return TokenStats(
         _scatter(logps, index, targets.shape, 0.0),
         _scatter(entropy, index, targets.shape, 0.0) if with_entropy else None,
-        _scatter(predicted, index, targets.shape, -1),
+        _scatter(predicted, index, targets.shape, -1) if with_predicted else None,
     )
 
 
@@ -307,7 +339,7 @@ def log_probs_at(
     index = (rows[:, None].expand_as(sources).reshape(-1), sources.reshape(-1))
     vocab = logits.shape[-1] if weight is None else weight.shape[0]
     chunk = default_chunk_size(vocab, device=logits.device, positions=index[0].shape[0])
-    logps, _, _ = _VocabChunks.apply(logits, weight, bias, index, targets.reshape(-1), 1.0, chunk, False, False)
+    logps, _, _ = _VocabChunks.apply(logits, weight, bias, index, targets.reshape(-1), 1.0, chunk, False, False, False)
     return logps.reshape(sources.shape)
 
 

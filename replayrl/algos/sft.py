@@ -69,7 +69,12 @@ def trained_token_stats(
     """
     with torch.no_grad():
         stats = chunked_token_stats(
-            logits.detach(), labels.clamp(min=0), mask=mask, with_entropy=True, chunk_size=chunk_size
+            logits.detach(),
+            labels.clamp(min=0),
+            mask=mask,
+            with_entropy=True,
+            with_predicted=True,
+            chunk_size=chunk_size,
         )
         return token_stats_sums(stats, labels, mask)
 

@@ -244,7 +244,9 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         targets = labels[:, 1:]
         mask = targets != IGNORE_INDEX
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.compute_loss_func is None):
-            stats = head.positions(slice(None, -1)).token_stats(targets.clamp(min=0), mask=mask, with_entropy=True)
+            stats = head.positions(slice(None, -1)).token_stats(
+                targets.clamp(min=0), mask=mask, with_entropy=True, with_predicted=True
+            )
         if self.compute_loss_func is not None:  # the user's loss, given the same normaliser
             loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
         else:

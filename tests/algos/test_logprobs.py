@@ -139,13 +139,21 @@ def grads(out, params):
 def test_chunked_from_hidden_equals_plain_fp32(chunk_size, temperature):
     h, w, b, targets = make_head()
     stats = chunked_token_stats(
-        h, targets, weight=w, bias=b, temperature=temperature, with_entropy=True, chunk_size=chunk_size
+        h,
+        targets,
+        weight=w,
+        bias=b,
+        temperature=temperature,
+        with_entropy=True,
+        with_predicted=True,
+        chunk_size=chunk_size,
     )
     logps, entropy, predicted = plain_stats(h, w, b, targets, temperature)
     torch.testing.assert_close(stats.logps, logps)
     torch.testing.assert_close(stats.entropy, entropy)
     assert torch.equal(stats.predicted, predicted)
     assert not stats.entropy.requires_grad  # a metric unless entropy_grad
+    assert chunked_token_stats(h, targets, weight=w, bias=b).predicted is None  # the argmax only when asked for
     upstream = torch.randn(targets.shape, generator=torch.Generator().manual_seed(1))
     for got, want in zip(grads((stats.logps * upstream).sum(), (h, w, b)), grads((logps * upstream).sum(), (h, w, b))):
         torch.testing.assert_close(got, want)
@@ -165,7 +173,7 @@ def test_chunked_from_logits_with_mask_and_repeated_use():
     logits = torch.randn(2, 6, 9, generator=g)[:, :-1].requires_grad_(True)  # non-contiguous, like logits[:, :-1]
     targets = torch.randint(9, (2, 5), generator=g)
     mask = torch.rand(2, 5, generator=g) > 0.4
-    stats = chunked_token_stats(logits, targets, mask=mask, with_entropy=True, chunk_size=2)
+    stats = chunked_token_stats(logits, targets, mask=mask, with_entropy=True, with_predicted=True, chunk_size=2)
     logp = torch.log_softmax(logits, -1)
     ref = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * mask
     torch.testing.assert_close(stats.logps, ref)
@@ -316,7 +324,9 @@ def test_chunked_entropy_metric_allocates_a_small_fraction_of_the_plain_one():
 
     def chunked():
         with torch.no_grad():
-            got["chunked"] = chunked_token_stats(h, targets, weight=w, with_entropy=True, chunk_size=8)
+            got["chunked"] = chunked_token_stats(
+                h, targets, weight=w, with_entropy=True, with_predicted=True, chunk_size=8
+            )
 
     plain_peak, peak = peak_allocated_bytes(plain), peak_allocated_bytes(chunked)
     assert plain_peak >= 2 * 2 * 64 * QWEN2_VOCAB * 4
