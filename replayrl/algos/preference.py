@@ -261,6 +261,24 @@ DPO_LOSSES: dict[str, Callable[[PairLogps, float, dict], Tensor]] = {
 }
 
 
+# The losses that are functions of the margin Delta alone (`_delta`), so an f-divergence other than reverse KL
+# applies to them: the f-DPO reparameterisation leaves a beta log Z(x) term that cancels only in the chosen-rejected
+# difference (TRL 1.16 refuses the others too).
+F_DIVERGENCE_LOSSES = ("sigmoid", "sigmoid_norm", "hinge", "ipo", "exo_pair", "robust", "discopop", "sft")
+
+
+def check_f_divergence(f_divergence_type: str, loss_types: Sequence[str]) -> None:
+    """ValueError unless ``f_divergence_type`` is known and, when it is not reverse_kl, every loss takes it."""
+    if f_divergence_type not in F_DIVERGENCES:
+        raise ValueError(f"f_divergence_type must be one of {F_DIVERGENCES} (got {f_divergence_type!r}).")
+    others = [t for t in loss_types if t not in F_DIVERGENCE_LOSSES]
+    if f_divergence_type != "reverse_kl" and others:
+        raise ValueError(
+            f"f_divergence_type={f_divergence_type!r} applies only to the losses of the margin alone "
+            f"{F_DIVERGENCE_LOSSES}; loss_type has {others}: use f_divergence_type='reverse_kl' or drop them."
+        )
+
+
 def check_loss_types(loss_types: Sequence[str], loss_weights: Sequence[float] | None = None) -> None:
     """ValueError for an unknown loss type (never a silent fallback to sigmoid) or mismatched weights."""
     unknown = [t for t in loss_types if t not in DPO_LOSSES]

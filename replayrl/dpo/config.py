@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from replayrl.algos.preference import F_DIVERGENCES, check_loss_types
+from replayrl.algos.preference import check_f_divergence, check_loss_types
 from replayrl.training_args import (
     TrainingArguments,
     check_pad_to_multiple_of,
@@ -158,16 +158,13 @@ class DPOConfig(TrainingArguments):
         super().__post_init__()
         check_pad_to_multiple_of(self.pad_to_multiple_of)
         check_loss_types(self.loss_type, self.loss_weights)
+        check_f_divergence(self.f_divergence_type, self.loss_type)
         checks = [
             (self.beta > 0, f"beta must be > 0 (got {self.beta})."),
             (0 <= self.label_smoothing < 0.5, f"label_smoothing must be in [0, 0.5) (got {self.label_smoothing})."),
             (
                 self.truncation_mode in ("keep_start", "keep_end"),
                 f"truncation_mode must be 'keep_start' or 'keep_end' (got {self.truncation_mode!r}).",
-            ),
-            (
-                self.f_divergence_type in F_DIVERGENCES,
-                f"f_divergence_type must be one of {F_DIVERGENCES} (got {self.f_divergence_type!r}).",
             ),
             (0 <= self.ref_model_mixup_alpha <= 1, "ref_model_mixup_alpha must be in [0, 1]."),
             (

@@ -162,3 +162,14 @@ def test_remove_unused_columns_keeps_what_the_trainer_reads(tokenizer, tmp_path,
                                        "ref_chosen_logps", "ref_rejected_logps"])  # fmt: skip
     trainer.train()
     assert len(losses(trainer)) == 1
+
+
+def test_f_divergence_only_with_the_losses_of_the_margin(tmp_path):
+    """As TRL 1.16: an f-divergence other than reverse KL is refused with a loss that is not a function of the
+    margin alone (it would be silently ignored there); the margin's losses take it."""
+    with pytest.raises(ValueError, match=r"f_divergence_type='js_divergence'.*\['apo_zero'\]"):
+        DPOConfig(output_dir=str(tmp_path), f_divergence_type="js_divergence", loss_type=["sigmoid", "apo_zero"])
+    with pytest.raises(ValueError, match="f_divergence_type must be one of"):
+        DPOConfig(output_dir=str(tmp_path), f_divergence_type="kl")
+    config = DPOConfig(output_dir=str(tmp_path), f_divergence_type="alpha_divergence", loss_type=["ipo", "hinge"])
+    assert config.loss_type == ["ipo", "hinge"]
