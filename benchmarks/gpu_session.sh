@@ -13,7 +13,7 @@
 #   TRAINERS="grpo grpo_replay sft_packed dpo"       PROFILE="grpo sft_packed" ("all", "none")
 #   SCALE_ARGS="--rounds 1"   PYTHON=python3   TRL_PYTHON=$PYTHON   SITE=/tmp/site
 #   PTH=<$PYTHON's site-packages>/replayrl-dev.pth   TESTS=tests ("none": no test run)
-#   PYTEST_ARGS="-q -x -n 16 -p no:cacheprovider --ignore=tests/vllm -rfE" (-n 16 dropped without pytest-xdist)
+#   PYTEST_ARGS="-q -n 16 -p no:cacheprovider --ignore=tests/vllm -rfE" (-n 16 dropped without pytest-xdist)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -49,7 +49,7 @@ run() {
     OUT=$(mkdir -p "$OUT" && cd "$OUT" && pwd)
     TOTAL_S=${TOTAL_S:-540}
     local site=${SITE:-/tmp/site} trainers=${TRAINERS:-grpo grpo_replay sft_packed dpo} rc
-    local pytest_args=${PYTEST_ARGS:--q -x -n 16 -p no:cacheprovider --ignore=tests/vllm -rfE}
+    local pytest_args=${PYTEST_ARGS:--q -n 16 -p no:cacheprovider --ignore=tests/vllm -rfE}
     local marker profile=(--profile ${PROFILE:-grpo sft_packed})
     [[ ${PROFILE:-} == all ]] && profile=(--profile)
     [[ ${PROFILE:-} == none ]] && profile=()
