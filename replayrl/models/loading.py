@@ -139,6 +139,22 @@ def set_special_token(tokenizer, name: str, token: str) -> None:
     setattr(tokenizer, name, token)
 
 
+def mirror_eos_token(model: PreTrainedModel, tokenizer, eos_token: str) -> None:
+    """TRL 1.16's SFT ``eos_token``: the tokenizer's EOS becomes ``eos_token`` (one of its tokens), and the model
+    agrees from construction on: its (text) config's ``eos_token_id`` is the new id, and its generation config
+    stops on it too, first among the EOS ids it already had (any of which ends generation)."""
+    set_special_token(tokenizer, "eos_token", eos_token)
+    new_id = tokenizer.eos_token_id
+    model.config.get_text_config().eos_token_id = new_id
+    generation = getattr(model, "generation_config", None)
+    if generation is None:
+        return
+    old = generation.eos_token_id
+    old = [] if old is None else [old] if isinstance(old, int) else list(old)
+    if new_id not in old:
+        generation.eos_token_id = [new_id, *old]
+
+
 def apply_peft(model: PreTrainedModel, peft_config) -> PreTrainedModel:
     """`model` wrapped by `peft.get_peft_model(model, peft_config)`; unchanged when `peft_config` is None."""
     if peft_config is None:

@@ -38,7 +38,14 @@ from replayrl.data.sft import (
 from replayrl.data.streaming import first_row, is_streaming, prepare_streaming_training
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.lm_head import forward_to_head
-from replayrl.models.loading import apply_peft, load_model, load_tokenizer, model_id, set_special_token
+from replayrl.models.loading import (
+    apply_peft,
+    load_model,
+    load_tokenizer,
+    mirror_eos_token,
+    model_id,
+    set_special_token,
+)
 from replayrl.models.moe import RouterAuxLossMixin
 from replayrl.sft.config import SFTConfig
 
@@ -86,6 +93,8 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         args = self._resolve_args(args, model_id(model), seed_kwargs)
         processing_class = self._resolve_tokenizer(processing_class, tokenizer, model, args)
         model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
+        if args.eos_token is not None:
+            mirror_eos_token(model, processing_class, args.eos_token)
         model = apply_peft(model, peft_config)
         self._init_router_aux(model, args.router_aux_loss_coef)
         self._eos_token_id = resolve_eos_token_id(processing_class, args.eos_token)

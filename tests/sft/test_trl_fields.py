@@ -106,3 +106,19 @@ def test_pad_token_is_applied_with_trls_deprecation_warning(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         sft_args(tmp_path)
+
+
+def test_eos_token_is_mirrored_onto_the_model_as_trl(tmp_path):
+    """TRL 1.16: `eos_token` becomes the tokenizer's EOS, the model config's `eos_token_id`, and the first of the
+    generation config's EOS ids (the old ones still stop generation); the documents end with it."""
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, seed=0)
+    old_id, new_id = tok.eos_token_id, tok.convert_tokens_to_ids("|")
+    args = sft_args(tmp_path / "eos", max_steps=1, eos_token="|")
+    trainer = SFTTrainer(model, args=args, train_dataset=addition_dataset(12), processing_class=tok)
+    assert tok.eos_token == "|" and model.config.eos_token_id == new_id
+    assert model.generation_config.eos_token_id == [new_id, old_id]
+    assert all(row["input_ids"][-1] == new_id for row in trainer.train_dataset)
+    with pytest.raises(ValueError, match="not in the tokenizer's vocabulary"):
+        SFTTrainer(model, args=sft_args(tmp_path / "bad", max_steps=1, eos_token="<nope>"), processing_class=tok,
+                   train_dataset=addition_dataset(12))  # fmt: skip
