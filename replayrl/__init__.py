@@ -35,6 +35,7 @@ _EXPORTS = {
     "KTOTrainer": "replayrl.kto.trainer",
     "RLOOConfig": "replayrl.rloo.config",
     "RLOOTrainer": "replayrl.rloo.trainer",
+    "clone_chat_template": "replayrl.data.chat_template",
     "set_seed": "transformers.trainer_utils",  # TRL v0.7 exports it (random, numpy, torch and every device)
 }
 __all__ = sorted(_EXPORTS)

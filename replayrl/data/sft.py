@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from replayrl.data.formats import DatasetFormat
@@ -36,26 +35,6 @@ class SFTTokenizeSettings:
     assistant_only_loss: bool = False
     max_length: int | None = 1024
     truncation_mode: Literal["keep_start", "keep_end"] = "keep_start"
-
-
-def load_chat_template(tokenizer, chat_template_path: str) -> None:
-    """Set `tokenizer.chat_template` from a template file (e.g. `template.jinja`) or a tokenizer folder."""
-    path = Path(chat_template_path).expanduser()
-    if path.is_file():
-        tokenizer.chat_template = path.read_text()
-        return
-    if path.is_dir():
-        from transformers import AutoTokenizer
-
-        template = AutoTokenizer.from_pretrained(str(path)).chat_template
-        if not template:
-            raise ValueError(f"chat_template_path={chat_template_path!r}: the tokenizer there has no chat template.")
-        tokenizer.chat_template = template
-        return
-    raise ValueError(
-        f"chat_template_path={chat_template_path!r} is neither a template file nor a tokenizer folder; "
-        "pass the path of a .jinja file or of a folder written by save_pretrained."
-    )
 
 
 def check_chat_template(tokenizer, fmt: DatasetFormat, assistant_only_loss: bool) -> None:

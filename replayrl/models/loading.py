@@ -14,6 +14,7 @@ loaded here), and later a teacher. The rule, as TRL 1.16's `create_model_from_pa
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 import torch
@@ -26,6 +27,7 @@ from transformers import (
     PreTrainedModel,
 )
 
+logger = logging.getLogger(__name__)
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 ARCHITECTURES = {
     "causal_lm": AutoModelForCausalLM,
@@ -155,15 +157,38 @@ def mirror_eos_token(model: PreTrainedModel, tokenizer, eos_token: str) -> None:
         generation.eos_token_id = [new_id, *old]
 
 
-def apply_peft(model: PreTrainedModel, peft_config) -> PreTrainedModel:
-    """`model` wrapped by `peft.get_peft_model(model, peft_config)`; unchanged when `peft_config` is None."""
+def apply_peft(model: PreTrainedModel, peft_config, added_tokens: list[int] | None = None) -> PreTrainedModel:
+    """`model` wrapped by `peft.get_peft_model(model, peft_config)`; unchanged when `peft_config` is None.
+
+    `added_tokens` (ids a cloned chat template added, `replayrl.data.chat_template`) get trainable rows, as in
+    TRL 1.16: they join `peft_config.trainable_token_indices["embed_tokens"]`, and a model with an output layer
+    gets `lm_head` in `modules_to_save` so it can learn to emit them (a sequence classifier has none)."""
     if peft_config is None:
         return model
     try:
         from peft import get_peft_model
     except ImportError as err:
         raise ImportError("peft_config needs peft: pip install replayrl[peft]") from err
+    if added_tokens:
+        _train_added_tokens(model, peft_config, added_tokens)
     return get_peft_model(model, peft_config)
+
+
+def _train_added_tokens(model: PreTrainedModel, peft_config, added_tokens: list[int]) -> None:
+    indices = peft_config.trainable_token_indices
+    if indices is None:
+        peft_config.trainable_token_indices = {"embed_tokens": list(added_tokens)}
+    elif isinstance(indices, list):  # PEFT's shorthand for the input embedding
+        indices.extend(added_tokens)
+    else:
+        indices.setdefault("embed_tokens", []).extend(added_tokens)
+    if model.get_output_embeddings() is None or "lm_head" in (peft_config.modules_to_save or []):
+        return
+    logger.warning(
+        "The cloned chat template added tokens but 'lm_head' is not in the PEFT config's modules_to_save; adding "
+        "it so the model can learn to generate them (set modules_to_save=['lm_head'] to silence this)."
+    )
+    peft_config.modules_to_save = [*(peft_config.modules_to_save or []), "lm_head"]
 
 
 def disable_dropout(model: nn.Module) -> None:

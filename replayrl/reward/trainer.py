@@ -22,9 +22,9 @@ from transformers import EvalPrediction, PreTrainedModel, Trainer, TrainerCallba
 from replayrl.accumulation import OwnLossScalingMixin, micro_batch_share
 from replayrl.algos.preference import bradley_terry_loss, pairwise_accuracy
 from replayrl.checkpoints import SafeCheckpointsMixin
+from replayrl.data.chat_template import apply_chat_template_path
 from replayrl.data.preference import RewardDataCollatorWithPadding, dataset_kind, tokenize_reward_row
 from replayrl.data.prefix_sharing import SIDES, SharedPrefixRows, share_prefixes_for
-from replayrl.data.sft import load_chat_template
 from replayrl.data.streaming import column_names, is_streaming, map_options, prepare_streaming_training
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.attention import attention_mask_for, base_model
@@ -71,18 +71,16 @@ def check_pad_token(model: PreTrainedModel, tokenizer) -> int:
     return model.config.pad_token_id
 
 
-def apply_token_settings(model: PreTrainedModel, tokenizer, args: RewardConfig) -> None:
+def apply_token_settings(model: PreTrainedModel, tokenizer, args: RewardConfig) -> list[int]:
     """TRL 1.16's tokenizer options: `eos_token` and `pad_token` become the tokenizer's (each must be one of its
-    tokens) and the model config's ids; `chat_template_path` replaces its chat template."""
+    tokens) and the model config's ids; `chat_template_path` replaces its chat template (a file) or clones a
+    tokenizer's (a folder: its tokens are added and the embeddings resized in place). Returns the added ids."""
     for name in ("eos_token", "pad_token"):
         token = getattr(args, name)
         if token is not None:
             set_special_token(tokenizer, name, token)
             setattr(model.config, f"{name}_id", getattr(tokenizer, f"{name}_id"))
-    if args.chat_template_path is not None:
-        if tokenizer is None:
-            raise ValueError("chat_template_path needs a tokenizer: pass processing_class.")
-        load_chat_template(tokenizer, args.chat_template_path)
+    return apply_chat_template_path(model, tokenizer, args.chat_template_path)[2]
 
 
 class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
@@ -122,9 +120,9 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         if processing_class is None and name:
             remote = {"trust_remote_code": True} if args.trust_remote_code else {}
             processing_class = load_tokenizer(None, name, pad_with_eos=False, **remote)
-        apply_token_settings(model, processing_class, args)
+        added_tokens = apply_token_settings(model, processing_class, args)
         pad_id = check_pad_token(model, processing_class)
-        model = apply_peft(model, peft_config)
+        model = apply_peft(model, peft_config, added_tokens)
         if args.disable_dropout:
             disable_dropout(model)
         with PartialState().main_process_first():

@@ -25,13 +25,13 @@ from replayrl.accumulation import OwnLossScalingMixin
 from replayrl.algos.logprobs import TokenStats
 from replayrl.algos.sft import sft_token_loss, token_stats_sums, token_sum_loss
 from replayrl.checkpoints import SafeCheckpointsMixin
+from replayrl.data.chat_template import apply_chat_template_path
 from replayrl.data.collators import IGNORE_INDEX, SFTDataCollator
 from replayrl.data.formats import check_sft_format, dataset_format
 from replayrl.data.sft import (
     SFTTokenizeSettings,
     apply_formatting_func,
     check_chat_template,
-    load_chat_template,
     prepare_sft_dataset,
     resolve_eos_token_id,
 )
@@ -95,7 +95,10 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
         if args.eos_token is not None:
             mirror_eos_token(model, processing_class, args.eos_token)
-        model = apply_peft(model, peft_config)
+        model, processing_class, added_tokens = apply_chat_template_path(
+            model, processing_class, args.chat_template_path
+        )
+        model = apply_peft(model, peft_config, added_tokens)
         self._init_router_aux(model, args.router_aux_loss_coef)
         self._eos_token_id = resolve_eos_token_id(processing_class, args.eos_token)
         prepare_streaming_training(args, train_dataset, "SFTTrainer")
@@ -158,8 +161,6 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
             set_special_token(processing_class, "pad_token", args.pad_token)
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
-        if args.chat_template_path is not None:
-            load_chat_template(processing_class, args.chat_template_path)
         return processing_class
 
     def _prepare(self, dataset, tokenizer, args: SFTConfig, formatting_func, packing: bool):

@@ -2,13 +2,13 @@ import pytest
 import torch
 from datasets import Dataset
 
+from replayrl.data.chat_template import load_chat_template
 from replayrl.data.collators import SFTDataCollator
 from replayrl.data.formats import dataset_format, detect_format
 from replayrl.data.sft import (
     SFTTokenizeSettings,
     apply_formatting_func,
     check_chat_template,
-    load_chat_template,
     prepare_sft_dataset,
     resolve_eos_token_id,
     tokenize_row,
@@ -95,15 +95,12 @@ def test_conversational_data_needs_a_chat_template():
         check_chat_template(chat_tokenizer(None), fmt, assistant_only_loss=False)
 
 
-def test_chat_template_path_file_and_folder(tok, tmp_path):
+def test_chat_template_path_file(tok, tmp_path):
+    """A template file; a tokenizer folder is cloned (tests/data/test_chat_template.py)."""
     file = tmp_path / "template.jinja"
     file.write_text(GENERATION_TEMPLATE)
     load_chat_template(tok, str(file))
     assert tok.chat_template == GENERATION_TEMPLATE
-    chat_tokenizer().save_pretrained(tmp_path / "tokdir")
-    other = build_tokenizer()
-    load_chat_template(other, str(tmp_path / "tokdir"))
-    assert "generation" in other.chat_template
     with pytest.raises(ValueError, match="neither a template file nor a tokenizer folder"):
         load_chat_template(tok, str(tmp_path / "missing.jinja"))
 
