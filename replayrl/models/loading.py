@@ -161,8 +161,10 @@ def apply_peft(model: PreTrainedModel, peft_config, added_tokens: list[int] | No
     """`model` wrapped by `peft.get_peft_model(model, peft_config)`; unchanged when `peft_config` is None.
 
     `added_tokens` (ids a cloned chat template added, `replayrl.data.chat_template`) get trainable rows, as in
-    TRL 1.16: they join `peft_config.trainable_token_indices["embed_tokens"]`, and a model with an output layer
-    gets `lm_head` in `modules_to_save` so it can learn to emit them (a sequence classifier has none)."""
+    TRL 1.16: they join `peft_config.trainable_token_indices["embed_tokens"]`, and a model with an untied output
+    layer gets `lm_head` in `modules_to_save` so it can learn to emit them. TRL adds it to tied models too, where
+    PEFT 0.21 fails in the forward (its trainable tokens already update the tied head), and to sequence
+    classifiers, which have none."""
     if peft_config is None:
         return model
     try:
@@ -182,7 +184,10 @@ def _train_added_tokens(model: PreTrainedModel, peft_config, added_tokens: list[
         indices.extend(added_tokens)
     else:
         indices.setdefault("embed_tokens", []).extend(added_tokens)
-    if model.get_output_embeddings() is None or "lm_head" in (peft_config.modules_to_save or []):
+    head = model.get_output_embeddings()
+    if head is None or head.weight is model.get_input_embeddings().weight:
+        return  # no output layer (a sequence classifier), or tied: PEFT's trainable tokens cover the tied head
+    if "lm_head" in (peft_config.modules_to_save or []):
         return
     logger.warning(
         "The cloned chat template added tokens but 'lm_head' is not in the PEFT config's modules_to_save; adding "
