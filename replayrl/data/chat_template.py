@@ -29,7 +29,7 @@ def load_chat_template(tokenizer, chat_template_path: str) -> None:
 
 
 def _embedding_rows(model) -> int:
-    # Not `model.vocab_size` (TRL's): sequence classifiers such as Qwen2ForSequenceClassification have none.
+    # Not `model.vocab_size` (TRL's): a sequence classifier has that attribute only once resized.
     return model.get_input_embeddings().weight.shape[0]
 
 

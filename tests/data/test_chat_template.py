@@ -29,8 +29,8 @@ def test_clone_copies_template_tokens_and_eos_and_pads_embeddings_to_64(tmp_path
 
 
 def test_clone_without_rounding_and_onto_a_sequence_classifier(tmp_path):
-    """resize_to_multiple_of=None: exactly the new vocabulary. A reward model has no generation config and no
-    `vocab_size` attribute (TRL 1.16 reads `model.vocab_size` there); its config's EOS is still mirrored."""
+    """resize_to_multiple_of=None: exactly the new vocabulary. A reward model cannot generate (no generation
+    config to update); its config's EOS is still mirrored."""
     tokenizer = build_tokenizer()
     model = build_tiny_sequence_classifier(tokenizer)
     model, tokenizer, added = clone_chat_template(model, tokenizer, save_source_tokenizer(tmp_path / "src"), None)
