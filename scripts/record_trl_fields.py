@@ -1,5 +1,6 @@
-"""Record every field of TRL's RLOOConfig, KTOConfig and DistillationConfig, with its default, for the field-parity
-tests (`tests/trl_fields/<name>.json`, read by `tests/trl_fields/parity.py`). Run with TRL's interpreter:
+"""Record every field of TRL's GRPOConfig, RLOOConfig, KTOConfig, DistillationConfig, SFTConfig, DPOConfig and
+RewardConfig, with its default, for the field-parity tests (`tests/trl_fields/<name>.json`, read by
+`tests/trl_fields/parity.py`). Run with TRL's interpreter:
 
     benchmarks/.venv-trl/bin/python scripts/record_trl_fields.py           # (re-)write the records
     benchmarks/.venv-trl/bin/python scripts/record_trl_fields.py --check   # exit 1 naming what differs
@@ -20,6 +21,7 @@ from pathlib import Path
 
 RECORDS = Path(__file__).resolve().parents[1] / "tests" / "trl_fields"
 CONFIGS = {
+    "grpo": "GRPOConfig",
     "rloo": "RLOOConfig",
     "kto": "KTOConfig",
     "distillation": "DistillationConfig",

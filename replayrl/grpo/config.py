@@ -177,7 +177,9 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
     )
     # Logging
     log_completions: bool = field(default=False, metadata=_help("Print a table of completions at each log step."))
-    num_completions_to_print: int | None = field(default=8, metadata=_help("Rows of that table (None: all)."))
+    num_completions_to_print: int | None = field(
+        default=None, metadata=_help("Rows of that table; None (TRL): all the completions of the logging step.")
+    )
 
     def __post_init__(self):
         super().__post_init__()

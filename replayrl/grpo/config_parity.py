@@ -16,6 +16,7 @@ from transformers import TrainingArguments
 
 from replayrl.algos.losses import check_loss_options
 from replayrl.algos.policy_losses import IMPORTANCE_SAMPLING_LEVELS
+from replayrl.training_args import check_pad_to_multiple_of, resolve_pad_to_multiple_of
 
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
@@ -43,19 +44,23 @@ class TRLParityArguments:
         default=False,
         metadata=_help("Run the LM head in float32 (ScaleRL, arXiv:2510.13786). Needs untied embeddings."),
     )
-    router_aux_loss_coef: float = field(
-        default=0.001,
+    router_aux_loss_coef: float | None = field(
+        default=None,
         metadata=_help(
-            "MoE router auxiliary-loss coefficient; the loss is added when the model config has "
-            "output_router_logits=True (the trainer's `aux_loss_enabled`)."
+            "MoE router auxiliary-loss coefficient; None (TRL): the model config's own `router_aux_loss_coef` (0.0 "
+            "when it declares none). The loss is added when the model config has output_router_logits=True."
         ),
     )
     # Data / generation
     num_generations_eval: int | None = field(
         default=None, metadata=_help("Completions per prompt during evaluation; None: num_generations.")
     )
-    pad_to_multiple_of: int | None = field(
-        default=None, metadata=_help("Pad prompt and completion widths to a multiple of this (fixed shapes).")
+    pad_to_multiple_of: int | str | None = field(
+        default="auto",
+        metadata=_help(
+            "Pad prompt and completion widths to a multiple of this (fixed shapes); 'auto' (TRL): 128 on Neuron "
+            "only, so no padding here (None)."
+        ),
     )
     generation_kwargs: dict[str, Any] | str | None = field(
         default=None,
@@ -116,7 +121,11 @@ class TRLParityArguments:
         metadata=_help("Drop sequences with A < 0 and mean KL(behaviour||policy) > threshold (DeepSeek-V3.2)."),
     )
     use_bias_correction_kl: bool = field(
-        default=False, metadata=_help("Multiply the KL term by the importance ratio (DeepSeek-V3.2).")
+        default=True,
+        metadata=_help(
+            "Multiply the KL term by the importance ratio (DeepSeek-V3.2, arXiv:2512.02556): the unbiased reverse-KL "
+            "gradient (TRL's default). Changes the KL gradient whenever beta != 0, even on-policy."
+        ),
     )
     # Tools
     max_tool_calling_iterations: int | None = field(
@@ -145,6 +154,8 @@ def _refusals(cfg) -> list[tuple[bool, str]]:
 
 def validate_parity(cfg) -> None:
     """Checks of the fields above (called from `GRPOConfig._validate`)."""
+    cfg.pad_to_multiple_of = resolve_pad_to_multiple_of(cfg.pad_to_multiple_of)
+    check_pad_to_multiple_of(cfg.pad_to_multiple_of)
     if cfg.use_transformers_paged:
         warnings.warn(
             "use_transformers_paged is deprecated (as in TRL): use use_transformers_continuous_batching.",
@@ -187,7 +198,6 @@ def validate_parity(cfg) -> None:
             cfg.off_policy_mask_threshold is None or cfg.off_policy_mask_threshold > 0,
             "off_policy_mask_threshold must be > 0 or None.",
         ),
-        (cfg.pad_to_multiple_of is None or cfg.pad_to_multiple_of >= 1, "pad_to_multiple_of must be >= 1 or None."),
         (
             cfg.max_tool_calling_iterations is None or cfg.max_tool_calling_iterations >= 0,
             "max_tool_calling_iterations must be >= 0 or None.",

@@ -22,9 +22,21 @@ def cast_lm_head_to_fp32(model: nn.Module) -> None:
         model.get_input_embeddings().register_forward_hook(lambda _module, _inputs, output: output.to(dtype))
 
 
-def router_aux_loss_enabled(model: nn.Module) -> bool:
-    """TRL's `aux_loss_enabled`: a mixture-of-experts model whose config asks for router logits."""
-    return bool(getattr(getattr(model, "config", None), "output_router_logits", False))
+def router_aux_loss_settings(model: nn.Module, coef: float | None) -> tuple[bool, float]:
+    """TRL's (`aux_loss_enabled`, `router_aux_loss_coef`): None takes the model config's own coefficient (0.0 when
+    it declares none); a non-zero coefficient for a model without a router raises, as in TRL. Enabled: a
+    mixture-of-experts model (its config has `output_router_logits`, whatever its value: the trainer asks for the
+    router logits in the forward pass) with a non-zero coefficient."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    if coef and not hasattr(config, "output_router_logits"):
+        raise ValueError(
+            f"router_aux_loss_coef={coef} but {type(model).__name__} is not a mixture-of-experts model with a "
+            "router, so there is no auxiliary loss to weight: leave router_aux_loss_coef unset (None)."
+        )
+    value = float((getattr(config, "router_aux_loss_coef", 0.0) if coef is None else coef) or 0.0)
+    return hasattr(config, "output_router_logits") and value != 0.0, value
 
 
 def pad_width_to_multiple(

@@ -139,7 +139,9 @@ class GRPOTrainer(
         self.top_entropy_quantile = args.top_entropy_quantile
         self.off_policy_mask_threshold = args.off_policy_mask_threshold
         self.max_tool_calling_iterations = args.max_tool_calling_iterations
-        self.aux_loss_enabled = options.router_aux_loss_enabled(model)
+        self.aux_loss_enabled, self.router_aux_loss_coef = options.router_aux_loss_settings(
+            model, args.router_aux_loss_coef
+        )
         self.entropy_control = EntropyController.from_args(args)
         self._entropy_denominator: dict[str, float] = {}
         self.generate_every = args.steps_per_generation * args.num_iterations
@@ -402,7 +404,7 @@ class GRPOTrainer(
         loss = objective.loss
         if self.aux_loss_enabled and aux is not None:
             steps = self.args.gradient_accumulation_steps if mode == "train" else 1
-            loss = loss + self.args.router_aux_loss_coef * aux / steps
+            loss = loss + self.router_aux_loss_coef * aux / steps
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather(aux.detach().reshape(1)).mean().item())
         self._update_entropy_control(mode, entropy, objective)
         self._log_loss_metrics(mode, batch, logps, behaviour, entropy, objective)

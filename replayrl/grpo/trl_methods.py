@@ -55,7 +55,10 @@ class TRLMethodsMixin:
         """One forward pass: log-probs ``(N, width)`` of the last ``width`` tokens of ``input_ids`` at the sampling
         temperature, their entropies (or None) and the MoE router aux loss (or None). Only those positions go
         through the LM head, chunk by chunk (`replayrl.models.lm_head`): no full-vocabulary logits are formed."""
-        out, head = forward_to_head(model, input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=width + 1)
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=width + 1)
+        if self.aux_loss_enabled:  # TRL: ask for the router logits (and so the aux loss) whatever the config says
+            inputs["output_router_logits"] = True
+        out, head = forward_to_head(model, **inputs)
         stats = head.positions(
             slice(None, -1)
         ).token_stats(  # position t predicts token t + 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from replayrl.replay.config import GRPOWithReplayBufferConfig
-from replayrl.training_args import resolve_pad_to_multiple_of, trl_bf16_default
+from replayrl.training_args import trl_bf16_default
 
 # GRPO options with no meaning for RLOO's loss, and the only value accepted (the one that leaves them inactive).
 _GRPO_ONLY = {
@@ -59,14 +59,8 @@ class RLOOConfig(GRPOWithReplayBufferConfig):
         metadata={"help": "KL coefficient: beta * sum_t (log pi - log pi_ref) is subtracted from each reward."},
     )
     vllm_server_timeout: float = field(default=240.0, metadata={"help": "Seconds to wait for the server to be up."})
-    num_completions_to_print: int | None = field(default=None, metadata={"help": "Rows of that table (None: all)."})
-    pad_to_multiple_of: int | str | None = field(
-        default="auto",
-        metadata={"help": "Pad prompt and completion widths to a multiple of this; 'auto': no padding off Neuron."},
-    )
-    router_aux_loss_coef: float | None = field(
-        default=None,
-        metadata={"help": "MoE router auxiliary-loss coefficient; None: the model config's value."},
+    use_bias_correction_kl: bool = field(
+        default=False, metadata={"help": "Fixed for RLOO (its KL is a reward penalty); GRPO's option, not TRL's."}
     )
     gradient_checkpointing: bool = field(
         default=True, metadata={"help": "Recompute activations in the backward pass (TRL's default: on)."}
@@ -80,7 +74,6 @@ class RLOOConfig(GRPOWithReplayBufferConfig):
     )
 
     def __post_init__(self):
-        self.pad_to_multiple_of = resolve_pad_to_multiple_of(self.pad_to_multiple_of)
         self.bf16 = trl_bf16_default(self.bf16, self.fp16, self.use_cpu)
         super().__post_init__()
         for name, accepted in _GRPO_ONLY.items():

@@ -37,12 +37,6 @@ class RLOOTrainer(GRPOWithReplayBufferTrainer):
     def _default_config(output_dir: str) -> RLOOConfig:
         return RLOOConfig(output_dir=output_dir.replace("-GRPO", "-RLOO"))
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if self.args.router_aux_loss_coef is None:  # TRL: None means the model config's coefficient
-            config = self.accelerator.unwrap_model(self.model).config
-            self.args.router_aux_loss_coef = float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0)
-
     # ----------------------------------------------------------------------------------------- advantages
     @torch.no_grad()
     def _add_logps(self, rollout: Rollout, mode: str) -> Rollout:
