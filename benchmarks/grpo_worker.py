@@ -75,12 +75,13 @@ def build_trainer(args, reward_func, device_cpu: bool):
         max_steps=args.warmup + args.steps,
         seed=args.seed,
         use_cpu=device_cpu,
+        # Both sides the plain k3 KL, as the figures recorded before both defaulted to the bias-corrected one.
+        use_bias_correction_kl=False,
     )
     if args.impl == "trl":
         from trl import GRPOConfig, GRPOTrainer
 
-        # TRL-only knobs set to what replayrl does: plain k3 KL, no importance weighting of the KL term.
-        config = GRPOConfig(**common, use_bias_correction_kl=False)
+        config = GRPOConfig(**common)
         return GRPOTrainer(model=args.model_dir, reward_funcs=[reward_func], args=config, train_dataset=dataset)
     if args.vllm:  # in-process engine; everything else as above
         # max_model_len: the tiny models' max_position_embeddings (512); the default, max_prompt_length (512) +
