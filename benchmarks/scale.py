@@ -21,9 +21,11 @@ almost never sample EOS, so tokens/step is counted as batch x max_completion_len
 Not in the default set: `sft_packed` (SFT with packing=True on both sides, `batch` rows of `max_length` tokens from
 2,000 documents of 1/16 to all of `max_length` tokens) and `grpo_replay` (replayrl's GRPOWithReplayBufferTrainer, the
 grpo settings plus a 64-group buffer; no TRL peer: its ratios are against replayrl's plain grpo run of the same
-invocation, so run it after `grpo`). `--profile [TRAINER ...]`: the workers of those trainers (all when none is named)
-profile one more optimizer step after their timed ones (a GRPO worker also one standalone generation with its
-library's own path); tables in
+invocation, so run it after `grpo`), `grpo_static` (the grpo settings with `cache_implementation="static"` and prompts
+padded to a multiple of 64 on both sides: on a GPU transformers compiles replayrl's decoding step, TRL's
+GenerationConfig has `disable_compile=True`). `--profile [TRAINER ...]`: the workers of those trainers (all when
+none is named) profile one more optimizer step after their timed ones (a GRPO worker also one standalone
+generation with its library's own path); tables in
 `results/scale_<device>_profiles/<trainer>-<impl>-<round>.txt`, a summary printed (`scale_profile.py`). Results are
 written after every trainer, so a run cut short keeps the trainers it finished.
 """
@@ -60,9 +62,9 @@ RUNS = {
         {"batch": 8, "num_generations": 4, "max_completion_length": 32},
     ),
 }
-RUNS["grpo_replay"] = RUNS["grpo"]
+RUNS["grpo_replay"] = RUNS["grpo_static"] = RUNS["grpo"]
 DEFAULT_TRAINERS = ["sft", "dpo", "reward", "grpo"]
-DATA = {"grpo_replay": "grpo"}  # trainers that read another trainer's data file
+DATA = {"grpo_replay": "grpo", "grpo_static": "grpo"}  # trainers that read another trainer's data file
 SIDES = {"grpo_replay": ["replayrl"]}  # no TRL peer: compared with replayrl's plain grpo run
 PEER = {"grpo_replay": ("grpo", "replayrl")}  # (trainer, side) whose figures a peerless trainer's ratios divide by
 TIMING = {"gpu": dict(warmup=2, steps=5), "cpu": dict(warmup=1, steps=3), "quick": dict(warmup=1, steps=1)}

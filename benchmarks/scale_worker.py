@@ -42,7 +42,8 @@ COMMON.update(lr_scheduler_type="constant", dataloader_pin_memory=False, seed=0)
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--impl", choices=["replayrl", "trl"], required=True)
-    p.add_argument("--trainer", choices=["sft", "sft_packed", "dpo", "reward", "grpo", "grpo_replay"], required=True)
+    trainers = ["sft", "sft_packed", "dpo", "reward", "grpo", "grpo_replay", "grpo_static"]
+    p.add_argument("--trainer", choices=trainers, required=True)
     p.add_argument("--model-dir", required=True)
     p.add_argument("--data-file", required=True)
     p.add_argument("--batch", type=int, default=4)
@@ -127,7 +128,7 @@ def build(args, lib, cuda: bool, count):
     common = dict(COMMON, output_dir=tempfile.mkdtemp(prefix="scale-"), max_steps=max_steps)
     common.update(per_device_train_batch_size=args.batch, bf16=cuda, use_cpu=not cuda)
     dtype = torch.bfloat16
-    if args.trainer in ("grpo", "grpo_replay"):
+    if args.trainer.startswith("grpo"):
         settings = {**GRPO_SETTINGS, **common, "beta": 0.0, "num_generations": args.num_generations}
         settings.update(max_completion_length=args.max_completion_length, model_init_kwargs={"dtype": "bfloat16"})
         extra = {"use_bias_correction_kl": False} if args.impl == "trl" else {}
@@ -135,6 +136,9 @@ def build(args, lib, cuda: bool, count):
         if args.trainer == "grpo_replay":  # the same run plus the buffer (its documented default size, 64 groups)
             config_cls, trainer_cls = lib.GRPOWithReplayBufferConfig, lib.GRPOWithReplayBufferTrainer
             extra = {"replay_buffer_size": 64}
+        if args.trainer == "grpo_static":  # transformers compiles a static cache's decoding step on a GPU (not TRL:
+            # its GenerationConfig has disable_compile=True); prompts padded to one width, so one compiled shape
+            settings.update(cache_implementation="static", pad_to_multiple_of=64)
         config = config_cls(**settings, **extra)
         reward = make_random_reward(0)
         trainer = trainer_cls(model=args.model_dir, reward_funcs=[reward], args=config, train_dataset=data)
