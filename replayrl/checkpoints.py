@@ -249,6 +249,13 @@ class SafeCheckpointsMixin:
 
     extra_state_name = "replayrl_state"
     adaptable_settings: frozenset[str] = frozenset()
+    _tag_names: list[str] = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # As TRL's trainers: the model carries the trainer's tags (`model.model_tags`, written to its model card).
+        if self._tag_names and hasattr(self.model, "add_model_tags"):
+            self.model.add_model_tags(self._tag_names)
 
     def _extra_state(self) -> dict:
         """Hook: state that plain Trainer checkpoints lack (tensors and JSON values)."""

@@ -56,7 +56,9 @@ LOCAL_MODELS = {
     "tiny-Glm4MoeForCausalLM": ("glm4_moe", "causal", {"head_dim": 8, "first_k_dense_replace": 1, **MOE}),
     "tiny-NemotronHForCausalLM-nano": ("nemotron_h", "causal", NEMOTRON_H),
     "tiny-RemoteForCausalLM": ("remote", "causal", {}),
+    "tiny-GPTNeoXForCausalLM": ("gpt_neox", "causal", {}),
 }
+NO_CHAT_TEMPLATE = {"gpt_neox"}  # hub tokenizers without a chat template (tests set one with chat_template_path)
 EXTRA_TOKENS = {"llama": ["<|finetune_right_pad_id|>"]}  # pad token TRL's Llama reward-model test sets by name
 # Stand-ins whose tokenizer keeps the hub Qwen tokenizer's ids (`qwen_tokenizer`): TRL's tests feed these models
 # fixed Qwen token ids through a mocked `generate` (EOS 151645, pad 151643, tool calls), and rely on a vocabulary of
@@ -157,6 +159,8 @@ def build_local_model(name: str, out: Path) -> str | None:
     model_type, head, extra = LOCAL_MODELS[name]
     path = out / name
     tokenizer = qwen_tokenizer() if name in QWEN_IDS else tiny.build_tokenizer()
+    if model_type in NO_CHAT_TEMPLATE:
+        tokenizer.chat_template = None
     if EXTRA_TOKENS.get(model_type):
         tokenizer.add_special_tokens({"additional_special_tokens": EXTRA_TOKENS[model_type]})
     if model_type == "remote":
@@ -218,6 +222,8 @@ IMPORT_RULES = [
     (re.compile(r"^from trl\.import_utils import", re.M), f"from {PACKAGE}.testing_utils import"),
     (re.compile(r"^from trl\.trainer\.utils import", re.M), f"from {PACKAGE}.testing_utils import"),
     (re.compile(r"^from trl\.experimental\.", re.M), "from replayrl.experimental."),
+    # TRL's trainer modules (`trl.trainer.reward_trainer`, ...) -> replayrl's trainer packages (`replayrl.reward`).
+    (re.compile(r"^from trl\.trainer\.(reward|dpo|sft)_trainer import", re.M), r"from replayrl.\1 import"),
     (re.compile(r"^from trl import", re.M), "from replayrl import"),
     (re.compile(r"^import trl$", re.M), "import replayrl as trl"),
     (re.compile(r"\bload_dataset\("), "local_dataset("),
@@ -240,6 +246,7 @@ def prepare(source_dir: Path, files: list[Path], work: Path) -> Path:
     package = work / PACKAGE
     package.mkdir(parents=True)
     shutil.copy(SHIM, package / "testing_utils.py")
+    (package / "conftest.py").write_text("from .testing_utils import lazy_shared_datadir  # noqa: F401\n")
     texts = {f: (source_dir / f).read_text() for f in files}
     names = sorted({m.group(2) for text in texts.values() for m in HUB_MODEL.finditer(text)})
     models = {}

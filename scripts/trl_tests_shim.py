@@ -41,13 +41,48 @@ ZEN_PROMPTS = [
 _SPLITS = {"train": ZEN_PROMPTS[:17], "test": ZEN_PROMPTS[17:]}
 
 
-def _zen_split(config_name: str, split: str) -> Dataset:
-    prompts = _SPLITS[split]
-    if config_name == "standard_prompt_only":
-        return Dataset.from_dict({"prompt": prompts})
-    if config_name == "conversational_prompt_only":
-        return Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in prompts]})
+# Each prompt's PEP 20 ending (the "chosen" / "completion" text) and a wrong one (the "rejected" text).
+ZEN_ENDINGS = [" ugly.", " better than implicit.", " than complex.", " is better than complicated.", " nested."]
+ZEN_WRONG = [" pretty.", " worse.", " than simple.", " is fine.", " deep."]
+
+
+def _zen_columns(config_name: str, prompts: list[str]) -> dict[str, list]:
+    """The columns of TRL's `zen` config `config_name` (standard or conversational), for `prompts`."""
+    kind = config_name.removeprefix("standard_").removeprefix("conversational_")
+    chat = config_name.startswith("conversational_")
+    good = [ZEN_ENDINGS[i % len(ZEN_ENDINGS)] for i in range(len(prompts))]
+    bad = [ZEN_WRONG[i % len(ZEN_WRONG)] for i in range(len(prompts))]
+
+    def user(texts):
+        return [[{"role": "user", "content": t}] for t in texts] if chat else texts
+
+    def reply(texts):
+        return [[{"role": "assistant", "content": t.strip()}] for t in texts] if chat else texts
+
+    def whole(ends):
+        if chat:
+            return [u + a for u, a in zip(user(prompts), reply(ends), strict=True)]
+        return [p + e for p, e in zip(prompts, ends, strict=True)]
+
+    if kind == "language_modeling":
+        return {"messages": whole(good)} if chat else {"text": whole(good)}
+    if kind == "prompt_only":
+        return {"prompt": user(prompts)}
+    if kind == "prompt_completion":
+        return {"prompt": user(prompts), "completion": reply(good)}
+    if kind == "preference":
+        return {"prompt": user(prompts), "chosen": reply(good), "rejected": reply(bad)}
+    if kind == "implicit_prompt_preference":
+        return {"chosen": whole(good), "rejected": whole(bad)}
+    if kind == "unpaired_preference":
+        labels = [i % 2 == 0 for i in range(len(prompts))]
+        ends = [g if label else b for g, b, label in zip(good, bad, labels, strict=True)]
+        return {"prompt": user(prompts), "completion": reply(ends), "label": labels}
     raise FileNotFoundError(f"no local stand-in for trl-internal-testing/zen config {config_name!r}")
+
+
+def _zen_split(config_name: str, split: str) -> Dataset:
+    return Dataset.from_dict(_zen_columns(config_name, _SPLITS[split]))
 
 
 def local_dataset(path: str, name: str | None = None, split: str | None = None, streaming: bool = False, **kwargs):
@@ -59,6 +94,21 @@ def local_dataset(path: str, name: str | None = None, split: str | None = None, 
         return out if not streaming else {s: d.to_iterable_dataset() for s, d in out.items()}
     dataset = _zen_split(name, split)
     return dataset.to_iterable_dataset() if streaming else dataset
+
+
+# A ChatML chat template, the file that TRL's `tests/data/template.jinja` fixture directory holds (written here).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@pytest.fixture
+def lazy_shared_datadir(tmp_path_factory):
+    """pytest-datadir's fixture as TRL's tests use it: a directory holding `template.jinja`."""
+    path = tmp_path_factory.mktemp("data")
+    (path / "template.jinja").write_text(CHAT_TEMPLATE)
+    return path
 
 
 class TrlTestCase:

@@ -215,3 +215,23 @@ class RewardDataCollatorWithPadding:
         if "margin" in features[0] and features[0]["margin"] is not None:
             batch["margin"] = torch.tensor([float(f["margin"]) for f in features], dtype=torch.float32)
         return batch
+
+
+class DataCollatorForPreference:
+    """TRL 1.16's reward collator (`trl.trainer.reward_trainer.DataCollatorForPreference`): rows with `chosen_ids`
+    and `rejected_ids` (and optionally `margin`) -> `input_ids` and `attention_mask` (2B, L), every chosen sequence
+    first and then every rejected one, right-padded with `pad_token_id` (the width rounded up to a multiple of
+    `pad_to_multiple_of` when given), and `margin` (B,) when the rows carry one."""
+
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None):
+        self.pad_token_id, self.pad_to_multiple_of = pad_token_id, pad_to_multiple_of
+
+    def __call__(self, examples: list[dict]) -> dict[str, Tensor]:
+        rows = [list(e["chosen_ids"]) for e in examples] + [list(e["rejected_ids"]) for e in examples]
+        batch = {
+            "input_ids": pad(rows, self.pad_token_id, multiple=self.pad_to_multiple_of),
+            "attention_mask": pad([[1] * len(r) for r in rows], 0, multiple=self.pad_to_multiple_of),
+        }
+        if "margin" in examples[0] and examples[0]["margin"] is not None:
+            batch["margin"] = torch.tensor([float(e["margin"]) for e in examples], dtype=torch.float32)
+        return batch

@@ -3,6 +3,7 @@
 from replayrl._lazy import lazy_exports
 
 _EXPORTS = {
+    "DataCollatorForPreference": "replayrl.data.preference",
     "RewardConfig": "replayrl.reward.config",
     "RewardTrainer": "replayrl.reward.trainer",
     "compute_accuracy": "replayrl.reward.trainer",

@@ -115,7 +115,8 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
             trust_remote_code=args.trust_remote_code,
         )  # fmt: skip
         if getattr(model.config, "num_labels", 1) != 1:
-            raise ValueError(f"the reward model must have num_labels=1 (got {model.config.num_labels}).")
+            n = model.config.num_labels
+            raise ValueError(f"reward models require `num_labels=1` (got {n}): load the model with num_labels=1.")
         processing_class = processing_class or tokenizer
         if processing_class is None and name:
             remote = {"trust_remote_code": True} if args.trust_remote_code else {}
@@ -197,7 +198,7 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
         """As Trainer.evaluate; a dataset passed here is tokenised like the constructor's."""
-        if eval_dataset is not None:
+        if eval_dataset is not None and not isinstance(eval_dataset, str):  # a str names one of eval_dataset's
             eval_dataset = self._prepare(eval_dataset, "eval_dataset", self.processing_class, self.args)
         return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
 

@@ -1,0 +1,49 @@
+"""TRL 1.16 API points of the reward trainer that TRL's own test file checks: its collator, the num_labels error,
+the model's tags, and evaluation over named eval datasets."""
+
+import pytest
+import torch
+
+from replayrl.models.tiny import build_tiny_sequence_classifier
+from replayrl.reward import DataCollatorForPreference, RewardTrainer
+from replayrl.tasks.preferences import preference_datasets
+from tests.reward.test_trainer import SMALL, rm_args
+
+
+def test_data_collator_for_preference_pads_chosen_then_rejected():
+    collator = DataCollatorForPreference(pad_token_id=9, pad_to_multiple_of=4)
+    batch = collator(
+        [
+            {"chosen_ids": [1, 2, 3], "rejected_ids": [4], "margin": 0.5},
+            {"chosen_ids": [5], "rejected_ids": [6, 7], "margin": 1},
+        ]
+    )
+    assert batch["input_ids"].tolist() == [[1, 2, 3, 9], [5, 9, 9, 9], [4, 9, 9, 9], [6, 7, 9, 9]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 0, 0, 0], [1, 0, 0, 0], [1, 1, 0, 0]]
+    torch.testing.assert_close(batch["margin"], torch.tensor([0.5, 1.0]))
+    assert "margin" not in DataCollatorForPreference(0)([{"chosen_ids": [1], "rejected_ids": [2]}])
+
+
+def test_num_labels_other_than_one_is_refused_in_trl_words(tokenizer, tmp_path):
+    model = build_tiny_sequence_classifier(tokenizer, seed=0, **SMALL)
+    model.config.num_labels = 2
+    train = preference_datasets(seed=0, per_problem=1)[0].select(range(4))
+    with pytest.raises(ValueError, match=r"reward models require `num_labels=1` \(got 2\)"):
+        RewardTrainer(model, args=rm_args(tmp_path), train_dataset=train, processing_class=tokenizer)
+
+
+def test_model_tags_and_named_eval_datasets(tokenizer, tmp_path):
+    train, test = preference_datasets(seed=0, per_problem=1)[:2]
+    args = rm_args(tmp_path, max_steps=2, eval_strategy="steps", eval_steps=2)
+    model = build_tiny_sequence_classifier(tokenizer, seed=0, **SMALL)
+    trainer = RewardTrainer(
+        model,
+        args=args,
+        train_dataset=train.select(range(16)),
+        eval_dataset={"a": test.select(range(4)), "b": test.select(range(4, 8))},
+        processing_class=tokenizer,
+    )
+    assert {"trl", "reward-trainer"} <= set(trainer.model.model_tags)
+    trainer.train()
+    logged = {k for row in trainer.state.log_history for k in row}
+    assert {"eval_a_loss", "eval_b_loss"} <= logged
