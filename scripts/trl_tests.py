@@ -57,6 +57,9 @@ LOCAL_MODELS = {
     "tiny-NemotronHForCausalLM-nano": ("nemotron_h", "causal", NEMOTRON_H),
     "tiny-RemoteForCausalLM": ("remote", "causal", {}),
     "tiny-GPTNeoXForCausalLM": ("gpt_neox", "causal", {}),
+    "tiny-Olmo3ForCausalLM": ("olmo3", "causal", {}),
+    "tiny-Lfm2ForCausalLM": ("lfm2", "causal", {"block_ff_dim": 64}),
+    "tiny-Lfm2ForCausalLM-2.5": ("lfm2", "causal", {"block_ff_dim": 64}),
 }
 NO_CHAT_TEMPLATE = {"gpt_neox"}  # hub tokenizers without a chat template (tests set one with chat_template_path)
 EXTRA_TOKENS = {"llama": ["<|finetune_right_pad_id|>"]}  # pad token TRL's Llama reward-model test sets by name
@@ -218,12 +221,19 @@ def _build_remote_model(path: Path, tokenizer) -> str:
     return str(path)
 
 
+def _names_from_trainer_module(match: re.Match) -> str:
+    module, names = f"replayrl.{match.group(1)}", [n.strip() for n in match.group(2).split(",")]
+    lines = [f"from {PACKAGE}.testing_utils import replayrl_name"]
+    return "\n".join(lines + [f"{n} = replayrl_name({module!r}, {n!r})" for n in names])
+
+
 IMPORT_RULES = [
     (re.compile(r"^from trl\.import_utils import", re.M), f"from {PACKAGE}.testing_utils import"),
     (re.compile(r"^from trl\.trainer\.utils import", re.M), f"from {PACKAGE}.testing_utils import"),
     (re.compile(r"^from trl\.experimental\.", re.M), "from replayrl.experimental."),
-    # TRL's trainer modules (`trl.trainer.reward_trainer`, ...) -> replayrl's trainer packages (`replayrl.reward`).
-    (re.compile(r"^from trl\.trainer\.(reward|dpo|sft)_trainer import", re.M), r"from replayrl.\1 import"),
+    # TRL's trainer modules (`trl.trainer.dpo_trainer`, ...) -> replayrl's trainer packages (`replayrl.dpo`), one
+    # name at a time: a name replayrl lacks fails the tests that use it, not the whole file's collection.
+    (re.compile(r"^from trl\.trainer\.(reward|dpo|sft)_trainer import (.+)$", re.M), _names_from_trainer_module),
     (re.compile(r"^from trl import", re.M), "from replayrl import"),
     (re.compile(r"^import trl$", re.M), "import replayrl as trl"),
     (re.compile(r"\bload_dataset\("), "local_dataset("),

@@ -111,6 +111,18 @@ def lazy_shared_datadir(tmp_path_factory):
     return path
 
 
+def replayrl_name(module: str, name: str):
+    """`module.name`; where replayrl has no such name, a stand-in that fails (naming it) when a test uses it."""
+    found = getattr(importlib.import_module(module), name, None)
+    if found is not None:
+        return found
+
+    def missing(*args, **kwargs):
+        raise NotImplementedError(f"replayrl has no {module}.{name} (TRL's name, imported by the test file)")
+
+    return missing
+
+
 class TrlTestCase:
     """Gives each test `self.tmp_dir` (pytest's tmp_path) and runs it from there, as TRL's base class does."""
 
