@@ -9,8 +9,11 @@ missing); `TrlTestCase.tmp_dir` is pytest's `tmp_path`; `local_dataset` serves T
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+import re
+import warnings
 
 import pytest
 import torch
@@ -89,6 +92,10 @@ def local_dataset(path: str, name: str | None = None, split: str | None = None, 
     """`datasets.load_dataset` for TRL's test datasets, served locally (same columns, PEP 20 prompts)."""
     if path != "trl-internal-testing/zen":
         raise FileNotFoundError(f"no local stand-in for the hub dataset {path!r} (replayrl has no vision datasets)")
+    first = re.fullmatch(r"(\w+)\[:(\d+)\]", split or "")  # "train[:2]": the first rows of a split
+    if first:
+        dataset = _zen_split(name, first.group(1)).select(range(int(first.group(2))))
+        return dataset.to_iterable_dataset() if streaming else dataset
     if split is None:
         out = DatasetDict({s: _zen_split(name, s) for s in _SPLITS})
         return out if not streaming else {s: d.to_iterable_dataset() for s, d in out.items()}
@@ -157,6 +164,14 @@ def get_kbit_device_map() -> dict[str, int] | None:
     return {"": torch.cuda.current_device()} if torch.cuda.is_available() else None
 
 
+def _version_at_least(package: str, minimum: str) -> bool:
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return Version(version(package)) >= Version(minimum)
+
+
 def _require(condition: bool, reason: str):
     return pytest.mark.skipif(not condition, reason=reason)
 
@@ -170,6 +185,28 @@ require_vllm = _require(_available("vllm"), "test requires vllm")
 require_vision = _require(_available("PIL"), "test requires Pillow")
 require_torch_accelerator = _require(torch.cuda.is_available(), "test requires an accelerator")
 require_ampere_or_newer = _require(is_ampere_or_newer(), "test requires an Ampere or newer GPU")
+require_peft_target_parameters = _require(
+    _available("peft") and _version_at_least("peft", "0.17.0"), "test requires peft>=0.17 (LoRA target_parameters)"
+)
+# TRL marks the tests that fail under data parallelism (several accelerators) as expected failures.
+xfail_data_parallel = pytest.mark.xfail(torch.cuda.device_count() > 1, reason="fails with data parallelism")
+
+
+def ignore_warnings(message: str = "", category: type[Warning] = Warning):
+    """Decorator: the test runs with warnings of `category` whose text matches `message` ignored."""
+
+    def decorate(test):
+        @functools.wraps(test)
+        def run(*args, **kwargs):
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=message, category=category)
+                return test(*args, **kwargs)
+
+        return run
+
+    return decorate
+
+
 require_torch_multi_accelerator = _require(torch.cuda.device_count() > 1, "test requires several accelerators")
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

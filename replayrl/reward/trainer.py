@@ -11,6 +11,7 @@ Metrics: loss, accuracy (r_c > r_r; ties count as wrong), margin, min/mean/max r
 from __future__ import annotations
 
 import logging
+import warnings
 from collections import defaultdict
 
 import numpy as np
@@ -39,6 +40,28 @@ from replayrl.models.loading import (
 from replayrl.reward.config import RewardConfig
 
 logger = logging.getLogger(__name__)
+
+
+# TRL 1.16's pre-tokenized reward columns (and the older names it still takes, with a FutureWarning) -> ours.
+TRL_ID_COLUMNS = {"chosen_ids": "input_ids_chosen", "rejected_ids": "input_ids_rejected"}
+OLD_TRL_ID_COLUMNS = {"chosen_input_ids": "input_ids_chosen", "rejected_input_ids": "input_ids_rejected"}
+
+
+def _rename_trl_id_columns(dataset, name: str):
+    """TRL 1.16's `chosen_ids`/`rejected_ids` (or the deprecated `chosen_input_ids`/`rejected_input_ids`) are
+    renamed to the `input_ids_chosen`/`input_ids_rejected` columns this trainer reads."""
+    columns = set(column_names(dataset))
+    if set(TRL_ID_COLUMNS) <= columns:
+        return dataset.rename_columns(TRL_ID_COLUMNS)
+    if set(OLD_TRL_ID_COLUMNS) <= columns and "prompt_input_ids" not in columns:
+        warnings.warn(
+            f"{name}: the columns 'chosen_input_ids'/'rejected_input_ids' will not be supported in v1 of TRL's API "
+            "(TRL 1.16 deprecates them): name them 'chosen_ids'/'rejected_ids'.",
+            FutureWarning,
+            stacklevel=4,
+        )
+        return dataset.rename_columns(OLD_TRL_ID_COLUMNS)
+    return dataset
 
 
 def compute_accuracy(eval_pred: EvalPrediction) -> dict[str, float]:
@@ -165,6 +188,7 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
             return None
         if isinstance(dataset, dict):
             return {k: RewardTrainer._prepare(v, f"{name}[{k!r}]", tokenizer, args) for k, v in dataset.items()}
+        dataset = _rename_trl_id_columns(dataset, name)
         columns = column_names(dataset)
         if dataset_kind(columns, name, allow_pretokenized=True) == "preference":
             if tokenizer is None:

@@ -2,6 +2,10 @@
 
 from replayrl._lazy import lazy_exports
 
-_EXPORTS = {"SFTConfig": "replayrl.sft.config", "SFTTrainer": "replayrl.sft.trainer"}
+_EXPORTS = {
+    "DataCollatorForLanguageModeling": "replayrl.sft.collator",
+    "SFTConfig": "replayrl.sft.config",
+    "SFTTrainer": "replayrl.sft.trainer",
+}
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,8 +1,11 @@
 """TRL 1.16 API points of the reward trainer that TRL's own test file checks: its collator, the num_labels error,
-the model's tags, and evaluation over named eval datasets."""
+the model's tags, evaluation over named eval datasets, and TRL 1.16's pre-tokenized columns."""
+
+import math
 
 import pytest
 import torch
+from datasets import Dataset
 
 from replayrl.models.tiny import build_tiny_sequence_classifier
 from replayrl.reward import DataCollatorForPreference, RewardTrainer
@@ -47,3 +50,23 @@ def test_model_tags_and_named_eval_datasets(tokenizer, tmp_path):
     trainer.train()
     logged = {k for row in trainer.state.log_history for k in row}
     assert {"eval_a_loss", "eval_b_loss"} <= logged
+
+
+@pytest.mark.parametrize(
+    "chosen, rejected", [("chosen_ids", "rejected_ids"), ("chosen_input_ids", "rejected_input_ids")]
+)
+def test_trl_pretokenized_columns_train(tokenizer, tmp_path, chosen, rejected):
+    rows = [(f"{a}+1={a + 1}", f"{a}+1={a + 2}") for a in range(8)]
+    data = Dataset.from_dict(
+        {chosen: [tokenizer(c).input_ids for c, _ in rows], rejected: [tokenizer(r).input_ids for _, r in rows]}
+    )
+    model = build_tiny_sequence_classifier(tokenizer, seed=0, **SMALL)
+    args = rm_args(tmp_path, max_steps=1)
+    if chosen == "chosen_ids":
+        trainer = RewardTrainer(model, args=args, train_dataset=data, processing_class=tokenizer)
+    else:
+        with pytest.warns(FutureWarning, match="will not be supported in v1"):
+            trainer = RewardTrainer(model, args=args, train_dataset=data, processing_class=tokenizer)
+    assert trainer.train_dataset[0]["input_ids_chosen"] == data[0][chosen]
+    trainer.train()
+    assert math.isfinite(trainer.state.log_history[0]["loss"])
