@@ -221,8 +221,12 @@ def _build_remote_model(path: Path, tokenizer) -> str:
     return str(path)
 
 
+TRAINER_MODULE_IMPORT = re.compile(r"^from trl\.trainer\.(reward|dpo|sft)_trainer import (\([^)]*\)|.+)$", re.M)
+
+
 def _names_from_trainer_module(match: re.Match) -> str:
-    module, names = f"replayrl.{match.group(1)}", [n.strip() for n in match.group(2).split(",")]
+    module, listed = f"replayrl.{match.group(1)}", match.group(2).strip("()").split(",")
+    names = [n.strip() for n in listed if n.strip()]
     lines = [f"from {PACKAGE}.testing_utils import replayrl_name"]
     return "\n".join(lines + [f"{n} = replayrl_name({module!r}, {n!r})" for n in names])
 
@@ -233,7 +237,7 @@ IMPORT_RULES = [
     (re.compile(r"^from trl\.experimental\.", re.M), "from replayrl.experimental."),
     # TRL's trainer modules (`trl.trainer.dpo_trainer`, ...) -> replayrl's trainer packages (`replayrl.dpo`), one
     # name at a time: a name replayrl lacks fails the tests that use it, not the whole file's collection.
-    (re.compile(r"^from trl\.trainer\.(reward|dpo|sft)_trainer import (.+)$", re.M), _names_from_trainer_module),
+    (TRAINER_MODULE_IMPORT, _names_from_trainer_module),
     (re.compile(r"^from trl import", re.M), "from replayrl import"),
     (re.compile(r"^import trl$", re.M), "import replayrl as trl"),
     (re.compile(r"\bload_dataset\("), "local_dataset("),

@@ -254,6 +254,7 @@ DPO_LOSSES: dict[str, Callable[[PairLogps, float, dict], Tensor]] = {
     "sppo_hard": sppo_hard_loss,
     "aot": aot_loss,
     "aot_pair": aot_pair_loss,
+    "aot_unpaired": aot_pair_loss,  # TRL 1.16's name for aot_pair (TRL: "AOT loss for unpaired datasets")
     "apo_zero": apo_zero_loss,
     "apo_down": apo_down_loss,
     "discopop": discopop_loss,

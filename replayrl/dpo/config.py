@@ -100,7 +100,8 @@ class DPOConfig(TrainingArguments):
         default_factory=lambda: ["sigmoid"],
         metadata=_help(
             "One or more of sigmoid, sigmoid_norm, hinge, ipo, robust, exo_pair, nca_pair, bco_pair, sppo_hard, aot, "
-            "aot_pair, apo_zero, apo_down, discopop, sft; several are summed with loss_weights (docs/dpo.md)."
+            "aot_pair (aot_unpaired), apo_zero, apo_down, discopop, sft; several are summed with loss_weights "
+            "(docs/dpo.md)."
         ),
     )
     loss_weights: list[float] | None = field(

@@ -57,6 +57,19 @@ SEED_ARGS = (
 )
 
 
+PRECOMPUTE_STREAMING = (
+    "precompute_ref_log_probs=True is not supported with IterableDataset (streaming) datasets: it scores every row "
+    "up front and stores the results by row. Set precompute_ref_log_probs=False (the reference model then scores "
+    "each batch), or load the dataset without streaming=True."
+)
+
+
+def _any_streaming(dataset) -> bool:
+    """Whether `dataset`, or any dataset of a dict of them (`IterableDatasetDict` included), is streaming."""
+    parts = dataset.values() if isinstance(dataset, dict) else [dataset]
+    return any(part is not None and is_streaming(part) for part in parts)
+
+
 class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
     """TRL-compatible DPO trainer. Arguments as TRL's `DPOTrainer`; TRL v0.7.1's `beta`, `max_length`, ...
     may also be given here, and override `args`."""
@@ -88,12 +101,8 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
         args = self._apply_seed_kwargs(args, seed_kwargs)
         processing_class = self._load_tokenizer(processing_class or tokenizer, model, args)
         prepare_streaming_training(args, train_dataset, "DPOTrainer")
-        if args.precompute_ref_log_probs and is_streaming(train_dataset):
-            raise ValueError(
-                "precompute_ref_log_probs=True scores the whole train_dataset up front, which a streaming "
-                "(IterableDataset) dataset cannot offer: set precompute_ref_log_probs=False (the reference model "
-                "then scores each batch), or load the dataset without streaming=True."
-            )
+        if args.precompute_ref_log_probs and (is_streaming(train_dataset) or _any_streaming(eval_dataset)):
+            raise ValueError(PRECOMPUTE_STREAMING)
         model, ref_model = self._load_models(model, ref_model, args, peft_config)
         self._init_router_aux(model, args.router_aux_loss_coef)
         self._router_token_mask = None
@@ -221,8 +230,12 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
         """As Trainer.evaluate; a dataset passed here is tokenised (and gets reference log-probs when
         precomputing) like the constructor's."""
         if eval_dataset is not None and not isinstance(eval_dataset, str):
+            if self.args.precompute_ref_log_probs and _any_streaming(eval_dataset):
+                raise ValueError(PRECOMPUTE_STREAMING)
             eval_dataset = self._tokenize(eval_dataset, "eval_dataset", self.processing_class, self.args)
-            if self.args.precompute_ref_log_probs:
+            if self.args.precompute_ref_log_probs and isinstance(eval_dataset, dict):
+                eval_dataset = {k: self._with_ref_columns(v) for k, v in eval_dataset.items()}
+            elif self.args.precompute_ref_log_probs:
                 eval_dataset = self._with_ref_columns(eval_dataset)
         return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
 
@@ -254,8 +267,9 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
         released = getattr(self, "_released_reference", None)
         if not self.is_peft_model and (released == "ref_model" or (released and self.state.global_step > 0)):
             raise ValueError(
-                "precompute_ref_log_probs=True released the reference model after scoring the datasets given to "
-                "the constructor, so this new dataset cannot get reference log-probs. Pass it as eval_dataset to "
+                "Cannot compute reference log-probs for a dataset passed to evaluate(): precompute_ref_log_probs=True "
+                "released the reference model after scoring the datasets given to the constructor. Pass it as "
+                "eval_dataset to "
                 "DPOTrainer, or add columns 'ref_chosen_logps'/'ref_rejected_logps' yourself."
             )
         batch_size = self.args.precompute_ref_batch_size or self.args.per_device_eval_batch_size

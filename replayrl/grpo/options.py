@@ -32,7 +32,7 @@ def router_aux_loss_settings(model: nn.Module, coef: float | None) -> tuple[bool
         config = config.get_text_config()
     if coef and not hasattr(config, "output_router_logits"):
         raise ValueError(
-            f"router_aux_loss_coef={coef} but {type(model).__name__} is not a mixture-of-experts model with a "
+            f"router_aux_loss_coef={coef} but {type(model).__name__} is not a Mixture-of-Experts model with a "
             "router, so there is no auxiliary loss to weight: leave router_aux_loss_coef unset (None)."
         )
     value = float((getattr(config, "router_aux_loss_coef", 0.0) if coef is None else coef) or 0.0)

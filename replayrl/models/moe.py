@@ -24,7 +24,7 @@ def router_aux_settings(model: nn.Module, coef: float | None) -> tuple[bool, flo
     value = getattr(config, "router_aux_loss_coef", 0.0) if coef is None else coef
     if coef and not is_moe:
         raise ValueError(
-            f"router_aux_loss_coef={coef} but {type(model).__name__} is not a mixture-of-experts model with a "
+            f"router_aux_loss_coef={coef} but {type(model).__name__} is not a Mixture-of-Experts model with a "
             "router, so there is no auxiliary loss to weight: leave router_aux_loss_coef unset (None)."
         )
     return is_moe and value != 0.0, float(value or 0.0)

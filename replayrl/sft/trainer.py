@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedModel, Trainer, TrainerCallback
+from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArguments
 
 from replayrl.accumulation import OwnLossScalingMixin
 from replayrl.algos.logprobs import TokenStats
@@ -58,6 +58,13 @@ SEED_CONFIG_KWARGS = {
 }
 # TRL v0.7.1's arguments of its ConstantLengthDataset packing, which exact packing makes moot: accepted with a warning.
 SEED_IGNORED_KWARGS = ("infinite", "num_of_sequences", "chars_per_token", "dataset_batch_size")
+
+
+def _sft_config_from(args: TrainingArguments) -> SFTConfig:
+    """An SFTConfig with `args`' TrainingArguments values (SFT's own fields at their defaults)."""
+    values = args.to_dict()  # enums as their values; tokens are redacted there, so restored below
+    values["hub_token"] = args.hub_token
+    return SFTConfig(**{k: v for k, v in values.items() if k != "push_to_hub_token"})
 
 
 class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
@@ -102,6 +109,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         self._init_router_aux(model, args.router_aux_loss_coef)
         self._eos_token_id = resolve_eos_token_id(processing_class, args.eos_token)
         prepare_streaming_training(args, train_dataset, "SFTTrainer")
+        self._formatting_func = formatting_func
         train_dataset = self._prepare(train_dataset, processing_class, args, formatting_func, args.packing)
         eval_dataset = self._prepare_eval(eval_dataset, processing_class, args, formatting_func)
         if data_collator is None:
@@ -141,6 +149,8 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
             seed_kwargs = {k: v for k, v in seed_kwargs.items() if k not in SEED_IGNORED_KWARGS}
         if args is None:
             args = SFTConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-SFT")
+        elif isinstance(args, TrainingArguments) and not isinstance(args, SFTConfig):
+            args = _sft_config_from(args)  # as TRL: plain TrainingArguments become an SFTConfig with SFT's defaults
         elif not isinstance(args, SFTConfig):
             raise ValueError(f"args must be an SFTConfig, got {type(args).__name__}; build one with SFTConfig(...).")
         for name, value in seed_kwargs.items():
@@ -204,6 +214,13 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
             num_proc=args.dataset_num_proc,
         )
         return dataset.shuffle(seed=args.seed) if args.shuffle_dataset and packing else dataset
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
+        """As Trainer.evaluate; a dataset passed here is prepared (formatted, tokenised, packed per eval_packing)
+        like the constructor's eval_dataset (a str names one of those)."""
+        if eval_dataset is not None and not isinstance(eval_dataset, str):
+            eval_dataset = self._prepare_eval(eval_dataset, self.processing_class, self.args, self._formatting_func)
+        return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
 
     def _prepare_eval(self, eval_dataset, tokenizer, args: SFTConfig, formatting_func):
         packing = args.packing if args.eval_packing is None else args.eval_packing

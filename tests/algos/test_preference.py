@@ -49,6 +49,7 @@ EXPECTED = {
     "sppo_hard": (4 - 5) ** 2 + (-2 + 5) ** 2,
     "aot": -logsig(Z),  # a batch of one: sorting changes nothing
     "aot_pair": -logsig(Z),
+    "aot_unpaired": -logsig(Z),  # TRL 1.16 name of aot_pair
     "apo_zero": 1 - sig(0.4) + sig(-0.2),
     "apo_down": sig(0.4) + 1 - sig(0.6),
     "discopop": -logsig(Z) * (1 - sig(Z / 0.05)) + math.exp(-Z) * sig(Z / 0.05),

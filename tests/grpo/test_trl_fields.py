@@ -90,7 +90,7 @@ def test_router_aux_loss_coef_on_a_dense_model(model, tokenizer, dataset, tmp_pa
     trainer = GRPOTrainer(model=model, reward_funcs=varied_reward, args=tiny_args(GRPOConfig, tmp_path),
                           train_dataset=dataset, processing_class=tokenizer)  # fmt: skip
     assert not trainer.aux_loss_enabled and trainer.router_aux_loss_coef == 0.0
-    with pytest.raises(ValueError, match="router_aux_loss_coef=0.5 but .* not a mixture-of-experts"):
+    with pytest.raises(ValueError, match="router_aux_loss_coef=0.5 but .* not a Mixture-of-Experts"):
         GRPOTrainer(model=model, reward_funcs=varied_reward, args=tiny_args(GRPOConfig, tmp_path / "b",
                     router_aux_loss_coef=0.5), train_dataset=dataset, processing_class=tokenizer)  # fmt: skip
 

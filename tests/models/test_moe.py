@@ -53,5 +53,5 @@ def test_captured_router_logits_give_the_models_own_aux_loss(kind):
 
 def test_a_coefficient_for_a_dense_model_is_refused(model):
     assert router_aux_settings(model, None) == (False, 0.0)
-    with pytest.raises(ValueError, match="not a mixture-of-experts model"):
+    with pytest.raises(ValueError, match="not a Mixture-of-Experts model"):
         router_aux_settings(model, 0.01)

@@ -54,6 +54,6 @@ def test_a_coefficient_for_a_dense_model_is_refused(tmp_path):
     from tests.sft.test_trainer import tiny
 
     tok = build_tokenizer()
-    with pytest.raises(ValueError, match="not a mixture-of-experts model"):
+    with pytest.raises(ValueError, match="not a Mixture-of-Experts model"):
         SFTTrainer(tiny(tok), args=sft_args(tmp_path, router_aux_loss_coef=0.01), train_dataset=addition_dataset(),
                    processing_class=tok)  # fmt: skip
