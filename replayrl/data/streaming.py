@@ -45,11 +45,26 @@ def map_options(dataset, num_proc: int | None, desc: str | None = None) -> dict:
     return {"num_proc": num_proc, **({"desc": desc} if desc else {})}
 
 
+def check_train_dataset(dataset, trainer: str) -> None:
+    """As TRL 1.16's SFT, DPO, reward and KTO trainers, before any loading: a `train_dataset` is required, and a
+    `DatasetDict` (a mapping of splits, not rows) is refused with the split to pass instead."""
+    if dataset is None:
+        raise ValueError(f"{trainer}: `train_dataset` is required; pass a datasets.Dataset (or IterableDataset).")
+    if isinstance(dataset, dict):  # datasets' DatasetDict / IterableDatasetDict are dicts of splits
+        splits = ", ".join(repr(k) for k in dataset)
+        raise TypeError(
+            f"{trainer}: `train_dataset` must be a `Dataset` or `IterableDataset`, got `{type(dataset).__name__}` "
+            f"(splits {splits}); pass one split, e.g. train_dataset=dataset['train']."
+        )
+
+
 def prepare_streaming_training(args, dataset, trainer: str) -> None:
-    """For a streaming train_dataset: `max_steps` > 0 is required (transformers: it has no length), checked at
-    construction; and, as TRL, accelerate's `dispatch_batches` is turned off (each process reads its own batches;
-    dispatching would concatenate batches of different widths), with a warning when it was set to True."""
-    if dataset is None or not is_streaming(dataset):
+    """`check_train_dataset`; then, for a streaming train_dataset: `max_steps` > 0 is required (transformers: it has
+    no length), checked at construction; and, as TRL, accelerate's `dispatch_batches` is turned off (each process
+    reads its own batches; dispatching would concatenate batches of different widths), with a warning when it was
+    set to True."""
+    check_train_dataset(dataset, trainer)
+    if not is_streaming(dataset):
         return
     if args.max_steps <= 0:
         raise ValueError(

@@ -99,8 +99,8 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
             )
         args = args if args is not None else DPOConfig(output_dir=f"{model_id(model).split('/')[-1]}-DPO")
         args = self._apply_seed_kwargs(args, seed_kwargs)
-        processing_class = self._load_tokenizer(processing_class or tokenizer, model, args)
         prepare_streaming_training(args, train_dataset, "DPOTrainer")
+        processing_class = self._load_tokenizer(processing_class or tokenizer, model, args)
         if args.precompute_ref_log_probs and (is_streaming(train_dataset) or _any_streaming(eval_dataset)):
             raise ValueError(PRECOMPUTE_STREAMING)
         model, ref_model = self._load_models(model, ref_model, args, peft_config)

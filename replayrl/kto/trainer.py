@@ -24,6 +24,7 @@ from replayrl.accumulation import OwnLossScalingMixin
 from replayrl.algos.kto import kto_loss_entry, kto_losses, kto_reference_point, mismatched_partners
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.preference import truncate_pair
+from replayrl.data.streaming import check_train_dataset
 from replayrl.data.unpaired import (
     UnpairedDataCollator,
     rows_from_pairs,
@@ -62,6 +63,7 @@ class KTOTrainer(ReferenceModelMixin, OwnLossScalingMixin, SafeCheckpointsMixin,
         peft_config=None,
     ):
         args = args if args is not None else KTOConfig(output_dir=f"{model_id(model).split('/')[-1]}-KTO")
+        check_train_dataset(train_dataset, "KTOTrainer")
         if quantization_config is not None:
             raise ValueError("quantization_config is not supported by replayrl's KTO; pass None (load in full).")
         if ref_model is not None and ref_model is model and not isinstance(model, str):

@@ -98,6 +98,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         **seed_kwargs: Any,
     ):
         args = self._resolve_args(args, model_id(model), seed_kwargs)
+        prepare_streaming_training(args, train_dataset, "SFTTrainer")
         processing_class = self._resolve_tokenizer(processing_class, tokenizer, model, args)
         model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
         if args.eos_token is not None:
@@ -108,7 +109,6 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         model = apply_peft(model, peft_config, added_tokens)
         self._init_router_aux(model, args.router_aux_loss_coef)
         self._eos_token_id = resolve_eos_token_id(processing_class, args.eos_token)
-        prepare_streaming_training(args, train_dataset, "SFTTrainer")
         self._formatting_func = formatting_func
         train_dataset = self._prepare(train_dataset, processing_class, args, formatting_func, args.packing)
         eval_dataset = self._prepare_eval(eval_dataset, processing_class, args, formatting_func)
