@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedModel, Trainer, TrainerCallback
+from transformers import PreTrainedModel, Trainer, TrainerCallback, set_seed
 
 from replayrl.accumulation import OwnLossScalingMixin
 from replayrl.algos.distillation import chunked_generalized_jsd
@@ -66,6 +66,7 @@ class DistillationTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetrics
             if data is not None and "prompt" not in data.column_names:
                 raise ValueError(f"{name} has no 'prompt' column (columns: {data.column_names}); rename_column it.")
         remote = {"trust_remote_code": True} if args.trust_remote_code else {}
+        set_seed(args.seed)  # as TRL: a model or PEFT adapter built here is reproducible by the seed
         model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
         processing_class = load_tokenizer(processing_class, model, **remote)
         model = apply_peft(model, peft_config)

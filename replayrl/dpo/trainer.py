@@ -22,7 +22,7 @@ import torch
 from accelerate import PartialState
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
-from transformers import PreTrainedModel, Trainer, TrainerCallback
+from transformers import PreTrainedModel, Trainer, TrainerCallback, set_seed
 
 from replayrl.accumulation import OwnLossScalingMixin, micro_batch_share
 from replayrl.algos.preference import PairLogps, dpo_losses, implicit_rewards, wpo_weights
@@ -103,6 +103,7 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
         processing_class = self._load_tokenizer(processing_class or tokenizer, model, args)
         if args.precompute_ref_log_probs and (is_streaming(train_dataset) or _any_streaming(eval_dataset)):
             raise ValueError(PRECOMPUTE_STREAMING)
+        set_seed(args.seed)  # as TRL: a model or PEFT adapter built here is reproducible by the seed
         model, ref_model = self._load_models(model, ref_model, args, peft_config)
         self._init_router_aux(model, args.router_aux_loss_coef)
         self._router_token_mask = None

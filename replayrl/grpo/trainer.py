@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedModel, Trainer, TrainerCallback
+from transformers import PreTrainedModel, Trainer, TrainerCallback, set_seed
 
 from replayrl import algos
 from replayrl.accumulation import OwnLossScalingMixin
@@ -92,6 +92,7 @@ class GRPOTrainer(
         if args is None:
             args = self._default_config(f"{model_id(model).split('/')[-1]}-GRPO")
         remote = {"trust_remote_code": True} if args.trust_remote_code else {}
+        set_seed(args.seed)  # as TRL: a model or PEFT adapter built here is reproducible by the seed
         model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
         processing_class = load_tokenizer(processing_class, model, padding_side="left", **remote)
         self._apply_model_options(model, args)

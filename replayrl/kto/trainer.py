@@ -18,7 +18,7 @@ import copy
 import torch
 from accelerate import PartialState
 from torch import Tensor
-from transformers import PreTrainedModel, Trainer, TrainerCallback
+from transformers import PreTrainedModel, Trainer, TrainerCallback, set_seed
 
 from replayrl.accumulation import OwnLossScalingMixin
 from replayrl.algos.kto import kto_loss_entry, kto_losses, kto_reference_point, mismatched_partners
@@ -70,6 +70,7 @@ class KTOTrainer(ReferenceModelMixin, OwnLossScalingMixin, SafeCheckpointsMixin,
             raise ValueError("ref_model is the same object as model; pass ref_model=None (a frozen copy is made).")
         self._check_batch(args)
         remote = {"trust_remote_code": True} if args.trust_remote_code else {}
+        set_seed(args.seed)  # as TRL: a model or PEFT adapter built here is reproducible by the seed
         model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
         processing_class = load_tokenizer(processing_class, model, **remote)
         model = apply_peft(model, peft_config)

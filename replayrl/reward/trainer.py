@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from accelerate import PartialState
 from torch import Tensor, nn
-from transformers import EvalPrediction, PreTrainedModel, Trainer, TrainerCallback
+from transformers import EvalPrediction, PreTrainedModel, Trainer, TrainerCallback, set_seed
 
 from replayrl.accumulation import OwnLossScalingMixin, micro_batch_share
 from replayrl.algos.preference import bradley_terry_loss, pairwise_accuracy
@@ -133,6 +133,7 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         if max_length is not None:
             args.max_length = max_length
         prepare_streaming_training(args, train_dataset, "RewardTrainer")
+        set_seed(args.seed)  # as TRL: a model or PEFT adapter built here is reproducible by the seed
         model = load_model(
             model, args.model_init_kwargs, architecture="reward", role="reward model",
             trust_remote_code=args.trust_remote_code,

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArguments
+from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 
 from replayrl.accumulation import OwnLossScalingMixin
 from replayrl.algos.logprobs import TokenStats
@@ -100,6 +100,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         args = self._resolve_args(args, model_id(model), seed_kwargs)
         prepare_streaming_training(args, train_dataset, "SFTTrainer")
         processing_class = self._resolve_tokenizer(processing_class, tokenizer, model, args)
+        set_seed(args.seed)  # as TRL: a model or PEFT adapter built here is reproducible by the seed
         model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
         if args.eos_token is not None:
             mirror_eos_token(model, processing_class, args.eos_token)

@@ -122,3 +122,22 @@ def test_eos_token_is_mirrored_onto_the_model_as_trl(tmp_path):
     with pytest.raises(ValueError, match="not in the tokenizer's vocabulary"):
         SFTTrainer(model, args=sft_args(tmp_path / "bad", max_steps=1, eos_token="<nope>"), processing_class=tok,
                    train_dataset=addition_dataset(12))  # fmt: skip
+
+
+def test_lora_init_follows_the_config_seed(tmp_path):
+    """As TRL 1.16 (`set_seed(args.seed)` before the model and adapter are built): the LoRA weights a trainer
+    starts from depend on `seed` alone, not on the global RNG state before construction."""
+    peft = pytest.importorskip("peft")
+
+    def lora_a(seed, noise):
+        tok = build_tokenizer()
+        model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, seed=0)
+        torch.manual_seed(noise)  # whatever ran before
+        config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+        args = sft_args(tmp_path / f"s{seed}-{noise}", max_steps=1, seed=seed)
+        trainer = SFTTrainer(model, args=args, train_dataset=addition_dataset(4), processing_class=tok,
+                             peft_config=config)  # fmt: skip
+        return torch.cat([p.detach().flatten() for n, p in trainer.model.named_parameters() if "lora_A" in n])
+
+    assert torch.equal(lora_a(0, noise=1), lora_a(0, noise=2))
+    assert not torch.equal(lora_a(0, noise=1), lora_a(1, noise=1))
