@@ -270,8 +270,7 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
             raise ValueError(
                 "Cannot compute reference log-probs for a dataset passed to evaluate(): precompute_ref_log_probs=True "
                 "released the reference model after scoring the datasets given to the constructor. Pass it as "
-                "eval_dataset to "
-                "DPOTrainer, or add columns 'ref_chosen_logps'/'ref_rejected_logps' yourself."
+                "eval_dataset to DPOTrainer, or add columns 'ref_chosen_logps'/'ref_rejected_logps' yourself."
             )
         batch_size = self.args.precompute_ref_batch_size or self.args.per_device_eval_batch_size
         loader = DataLoader(dataset, batch_size=batch_size, collate_fn=self.data_collator, shuffle=False)

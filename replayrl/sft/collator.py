@@ -7,9 +7,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from replayrl.data.collators import IGNORE_INDEX
 from replayrl.data.preference import pad
-
-IGNORE_INDEX = -100
 
 
 class DataCollatorForLanguageModeling:
