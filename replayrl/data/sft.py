@@ -8,12 +8,14 @@ Which mask reaches the loss is the collator's choice (`replayrl.data.collators`)
   with it, and independently of the pad token (pad == eos never hides the real EOS: labels come from the
   row's length, not from comparing ids with the pad id).
 - Conversational rows go through the tokenizer's chat template, which writes its own end-of-turn tokens;
-  no EOS is added (as TRL).
+  no EOS is added (as TRL). A row's own `chat_template_kwargs` and `tools` columns are passed to the template
+  for that row (as TRL 1.16).
 - `truncate_row` keeps the first (`keep_start`) or the last (`keep_end`) `max_length` tokens.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -78,6 +80,17 @@ def _prefix_length(prompt_ids: list[int], full_ids: list[int]) -> int:
     return len(prompt_ids)
 
 
+def row_chat_template_kwargs(example: dict) -> dict:
+    """The chat-template arguments a conversational row carries, as TRL 1.16 reads them: its `tools` column (a
+    list of schemas, or JSON text of one) and its `chat_template_kwargs` column (a dict, e.g. {"enable_thinking":
+    False}), passed to `apply_chat_template` for that row only."""
+    kwargs = {}
+    tools = example.get("tools")
+    if tools is not None:
+        kwargs["tools"] = json.loads(tools) if isinstance(tools, str) else tools
+    return {**kwargs, **(example.get("chat_template_kwargs") or {})}
+
+
 def _chat(tokenizer, messages: list, assistant_mask: bool, **kwargs) -> dict:
     out = tokenizer.apply_chat_template(
         messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=assistant_mask, **kwargs
@@ -93,14 +106,15 @@ def tokenize_row(example: dict, tokenizer, fmt: DatasetFormat, settings: SFTToke
     if fmt.kind == "language_modeling":
         value = example[fmt.text_column]
         if fmt.conversational:
-            return _chat(tokenizer, value, settings.assistant_only_loss)
+            return _chat(tokenizer, value, settings.assistant_only_loss, **row_chat_template_kwargs(example))
         return {"input_ids": _with_eos(tokenizer(value).input_ids, settings.eos_token_id)}
     prompt, completion = example["prompt"], example["completion"]
     if fmt.conversational:
-        prompt_ids = tokenizer.apply_chat_template(prompt, tokenize=True, return_dict=True, add_generation_prompt=True)[
-            "input_ids"
-        ]
-        row = _chat(tokenizer, [*prompt, *completion], settings.assistant_only_loss)
+        kwargs = row_chat_template_kwargs(example)
+        prompt_ids = tokenizer.apply_chat_template(
+            prompt, tokenize=True, return_dict=True, add_generation_prompt=True, **kwargs
+        )["input_ids"]
+        row = _chat(tokenizer, [*prompt, *completion], settings.assistant_only_loss, **kwargs)
     else:
         prompt_ids = tokenizer(prompt).input_ids
         row = {"input_ids": _with_eos(tokenizer(prompt + completion).input_ids, settings.eos_token_id)}

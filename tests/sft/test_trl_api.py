@@ -1,6 +1,7 @@
-"""TRL 1.16 API points of SFT that TRL's own test file checks: plain TrainingArguments, and evaluate() on a raw
-(unprepared) dataset or a dict of them."""
+"""TRL 1.16 API points of SFT that TRL's own test file checks: plain TrainingArguments, evaluate() on a raw
+(unprepared) dataset or a dict of them, a row's own `chat_template_kwargs` and `tools`."""
 
+from datasets import Dataset
 from transformers import TrainingArguments
 
 from replayrl import SFTConfig, SFTTrainer
@@ -29,3 +30,54 @@ def test_evaluate_prepares_a_raw_dataset_or_a_dict_of_them(tmp_path):
     assert trainer.evaluate(eval_dataset=raw)["eval_loss"] > 0
     metrics = trainer.evaluate(eval_dataset={"a": raw, "b": addition_dataset(6)})
     assert metrics["eval_a_loss"] > 0 and metrics["eval_b_loss"] > 0
+
+
+# A ChatML template with two switches a row can set: `shout` upper-cases the role names, and `tools` are listed
+# in a first line.
+SWITCH_TEMPLATE = (
+    "{% if tools %}{{ 'tools: ' + (tools | map(attribute='name') | join(',')) + '\n' }}{% endif %}"
+    "{% for m in messages %}{{ '<|im_start|>' + (m['role'] | upper if shout else m['role']) + '\n' + m['content']"
+    " + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>' + ('ASSISTANT' if shout else 'assistant') + '\n' }}{% endif %}"
+)
+
+
+def chat(user: str, assistant: str) -> list[dict]:
+    return [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+
+
+def test_a_rows_chat_template_kwargs_and_tools_reach_its_template(tmp_path):
+    tok = build_tokenizer()
+    tok.chat_template = SWITCH_TEMPLATE
+    data = Dataset.from_dict(
+        {
+            "messages": [chat("hi", "yo"), chat("ab", "cd")],
+            "chat_template_kwargs": [{"shout": False}, {"shout": True}],
+            "tools": [None, '[{"name": "add"}]'],  # JSON text, as TRL 1.16 reads it
+        }
+    )
+    trainer = SFTTrainer(tiny(tok), args=sft_args(tmp_path), train_dataset=data, processing_class=tok)
+    texts = [tok.decode(ids) for ids in trainer.train_dataset["input_ids"]]
+    assert texts == [
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n",
+        "tools: add\n<|im_start|>USER\nab<|im_end|>\n<|im_start|>ASSISTANT\ncd<|im_end|>\n",
+    ]
+
+
+def test_a_rows_chat_template_kwargs_shape_prompt_and_completion_alike(tmp_path):
+    tok = build_tokenizer()
+    tok.chat_template = SWITCH_TEMPLATE
+    conversations = [chat("hi", "yo"), chat("ab", "cd")]
+    data = Dataset.from_dict(
+        {
+            "prompt": [c[:1] for c in conversations],
+            "completion": [c[1:] for c in conversations],
+            "chat_template_kwargs": [{"shout": False}, {"shout": True}],
+        }
+    )
+    trainer = SFTTrainer(tiny(tok), args=sft_args(tmp_path), train_dataset=data, processing_class=tok)
+    rows = trainer.train_dataset
+    # the prompt is rendered with the row's kwargs too, so the completion mask starts right after it
+    completions = [tok.decode([t for t, m in zip(r["input_ids"], r["completion_mask"]) if m]) for r in rows]
+    assert completions == ["yo<|im_end|>\n", "cd<|im_end|>\n"]
+    assert tok.decode(rows[1]["input_ids"]).startswith("<|im_start|>USER\nab")
