@@ -36,6 +36,8 @@ _EXPORTS = {
     "RLOOConfig": "replayrl.rloo.config",
     "RLOOTrainer": "replayrl.rloo.trainer",
     "clone_chat_template": "replayrl.data.chat_template",
+    "is_conversational_from_value": "replayrl.data.formats",
+    "maybe_convert_to_chatml": "replayrl.data.formats",
     "set_seed": "transformers.trainer_utils",  # TRL v0.7 exports it (random, numpy, torch and every device)
 }
 __all__ = sorted(_EXPORTS)

@@ -37,6 +37,52 @@ class DatasetFormat:
         return f"{style} {self.kind.replace('_', '-')}"
 
 
+MESSAGE_COLUMNS = ("prompt", "completion", "chosen", "rejected", "messages", "conversations")
+
+
+def is_conversational_from_value(example: dict) -> bool:
+    """TRL 1.16's test for ShareGPT-style rows: a `conversations` list whose first message has `from` and `value`
+    keys (ChatML's `role` / `content` under other names)."""
+    messages = example.get("conversations")
+    return (
+        isinstance(messages, list)
+        and bool(messages)
+        and isinstance(messages[0], dict)
+        and ("from" in messages[0] and "value" in messages[0])
+    )
+
+
+def maybe_convert_to_chatml(example: dict) -> dict:
+    """TRL 1.16's conversion of a `from`/`value` row to ChatML: in every message list (`prompt`, `completion`,
+    `chosen`, `rejected`, `messages`, `conversations`) `from` becomes `role` and `value` becomes `content`, and
+    `conversations` is renamed `messages`. Role names are kept as they are (`human` stays `human`), as in TRL."""
+    for key in MESSAGE_COLUMNS:
+        if isinstance(example.get(key), list):
+            for message in example[key]:
+                if isinstance(message, dict):
+                    if "from" in message:
+                        message["role"] = message.pop("from")
+                    if "value" in message:
+                        message["content"] = message.pop("value")
+    if "conversations" in example:
+        example["messages"] = example.pop("conversations")
+    return example
+
+
+def convert_from_value_to_chatml(dataset, num_proc: int | None = None):
+    """The dataset with ShareGPT (`conversations` of `from`/`value`) rows converted to ChatML `messages`, when its
+    first row is such a row (as TRL 1.16 decides); otherwise (or when pre-tokenized) the dataset unchanged."""
+    from replayrl.data.streaming import column_names, first_row, map_options
+
+    if "input_ids" in column_names(dataset) or not is_conversational_from_value(first_row(dataset) or {}):
+        return dataset
+    return dataset.map(
+        maybe_convert_to_chatml,
+        remove_columns=["conversations"] if "conversations" in column_names(dataset) else None,
+        **map_options(dataset, num_proc, "Converting to ChatML"),
+    )
+
+
 def detect_format(columns: list[str], example: dict | None, dataset_text_field: str = "text") -> DatasetFormat:
     """The format of a dataset from its column names and first row (`example`; None for an empty dataset).
 

@@ -27,7 +27,7 @@ from replayrl.algos.sft import sft_token_loss, token_stats_sums, token_sum_loss
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.chat_template import apply_chat_template_path
 from replayrl.data.collators import IGNORE_INDEX, SFTDataCollator
-from replayrl.data.formats import check_sft_format, dataset_format
+from replayrl.data.formats import check_sft_format, convert_from_value_to_chatml, dataset_format
 from replayrl.data.sft import (
     SFTTokenizeSettings,
     apply_formatting_func,
@@ -195,6 +195,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
             dataset = dataset.shuffle(seed=args.seed)
         if formatting_func is not None:
             dataset = apply_formatting_func(dataset, formatting_func, args.dataset_num_proc, args.dataset_text_field)
+        dataset = convert_from_value_to_chatml(dataset, args.dataset_num_proc)
         fmt = dataset_format(dataset, args.dataset_text_field)
         check_sft_format(fmt, args.assistant_only_loss)
         check_chat_template(tokenizer, fmt, args.assistant_only_loss)

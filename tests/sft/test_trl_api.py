@@ -81,3 +81,32 @@ def test_a_rows_chat_template_kwargs_shape_prompt_and_completion_alike(tmp_path)
     completions = [tok.decode([t for t, m in zip(r["input_ids"], r["completion_mask"]) if m]) for r in rows]
     assert completions == ["yo<|im_end|>\n", "cd<|im_end|>\n"]
     assert tok.decode(rows[1]["input_ids"]).startswith("<|im_start|>USER\nab")
+
+
+def test_sharegpt_conversations_are_trained_as_chatml_messages(tmp_path):
+    tok = build_tokenizer()
+    conversations = [chat("hi", "yo"), chat("ab", "cd")]
+    sharegpt = [[{"from": m["role"], "value": m["content"]} for m in c] for c in conversations]
+    data = Dataset.from_dict({"conversations": sharegpt, "source": ["x", "y"]})
+    trainer = SFTTrainer(tiny(tok), args=sft_args(tmp_path), train_dataset=data, processing_class=tok)
+    chatml = SFTTrainer(
+        tiny(tok), args=sft_args(tmp_path), train_dataset=Dataset.from_dict({"messages": conversations}),
+        processing_class=tok,
+    )  # fmt: skip
+    assert trainer.train_dataset["input_ids"] == chatml.train_dataset["input_ids"]
+    assert tok.decode(trainer.train_dataset[0]["input_ids"]).startswith("<|im_start|>user\nhi<|im_end|>")
+    trainer.train()
+    assert trainer.state.log_history[0]["loss"] > 0
+
+
+def test_maybe_convert_to_chatml_as_trl():
+    from replayrl import is_conversational_from_value, maybe_convert_to_chatml
+
+    row = {"conversations": [{"from": "human", "value": "q"}], "prompt": [{"from": "user", "value": "p"}]}
+    assert is_conversational_from_value(row)
+    assert not is_conversational_from_value({"conversations": [{"role": "user", "content": "q"}]})
+    assert not is_conversational_from_value({"conversations": "text"})
+    assert maybe_convert_to_chatml(row) == {
+        "prompt": [{"role": "user", "content": "p"}],
+        "messages": [{"role": "human", "content": "q"}],  # role names kept, as TRL
+    }
