@@ -383,6 +383,11 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
 
     def get_batch_loss_metrics(self, model, batch: dict[str, Tensor], train_eval: str = "train"):
         """TRL v0.7.1's API: the batch's mean loss, and records its metrics under `train_eval`."""
+        loss, _, _ = self._loss_and_rewards(model, batch, train_eval)
+        return loss, {}
+
+    def _loss_and_rewards(self, model, batch: dict[str, Tensor], mode: str) -> tuple[Tensor, Tensor, Tensor]:
+        """(mean loss, chosen rewards (B,), rejected rewards (B,)) of the batch; records its metrics under `mode`."""
         with self._router_capture():
             out = self._forward(model, batch)
         router_mask = self._router_token_mask
@@ -407,8 +412,8 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
             losses = losses + self.args.rpo_alpha * (-chosen / out["chosen_lengths"].clamp(min=1))
         if self.args.use_weighting:
             losses = losses * wpo_weights(out["chosen_wpo"], out["rejected_wpo"])
-        self._record_metrics(train_eval, out, chosen_rewards, rejected_rewards, losses)
-        return self._add_router_aux(losses.mean(), train_eval, router_mask), {}
+        self._record_metrics(mode, out, chosen_rewards, rejected_rewards, losses)
+        return self._add_router_aux(losses.mean(), mode, router_mask), chosen_rewards, rejected_rewards
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss, metrics = self.get_batch_loss_metrics(model, inputs, "train" if model.training else "eval")
@@ -416,10 +421,18 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
         return (loss, metrics) if return_outputs else loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """(loss, predictions, labels) of an eval batch. Predictions, when asked for (a `compute_metrics` is set):
+        the implicit rewards (B, 2) = [chosen, rejected], beta * (log pi - log pi_ref) per pair; labels: zeros (B,),
+        the preferred column. One row per pair, O(1) per pair whatever the vocabulary: TRL 1.16 returns the
+        full-vocabulary logits (2B, T, V) and input ids here, which `evaluate()` would keep for the whole eval set
+        (docs/deviations.md, "DPO compute_metrics")."""
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad(), self.compute_loss_context_manager():
-            loss, _ = self.get_batch_loss_metrics(model, inputs, "eval")
-        return loss.detach(), None, None
+            if prediction_loss_only:  # through the TRL v0.7.1 hook, which a subclass may override
+                return self.get_batch_loss_metrics(model, inputs, "eval")[0].detach(), None, None
+            loss, chosen, rejected = self._loss_and_rewards(model, inputs, "eval")
+        rewards = torch.stack([chosen, rejected], dim=1).detach().float()
+        return loss.detach(), rewards, torch.zeros(rewards.shape[0], dtype=torch.long, device=rewards.device)
 
     # ----------------------------------------------------------------------------------------- metrics
     def _record_metrics(self, mode: str, out: dict, chosen_rewards, rejected_rewards, losses) -> None:
@@ -444,7 +457,9 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "eval" if any(k.startswith("eval_") for k in logs) else "train"
         prefix = "eval_" if mode == "eval" else ""
-        logs.update({prefix + k: sum(v) / len(v) for k, v in self._metrics[mode].items() if v})
+        # batch means never overwrite what compute_metrics returned for the whole eval set under the same name
+        means = {prefix + k: sum(v) / len(v) for k, v in self._metrics[mode].items() if v}
+        logs.update({k: v for k, v in means.items() if k not in logs})
         logs.update({prefix + k: v for k, v in self._router_aux_logs(mode, self.accelerator.device).items()})
         self._metrics[mode].clear()
         super().log(logs, start_time)
