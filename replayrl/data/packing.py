@@ -1,8 +1,10 @@
 """Packing: several tokenised documents per row of `max_length` tokens, kept apart from each other.
 
 - `best_fit_decreasing`: documents longest first, each into the row with the least room that still fits it
-  (a new row when none does). Documents are never split; a document longer than `max_length` must be
-  truncated first (as TRL's "bfd" strategy).
+  (a new row when none does), ties broken as TRL 1.16's `_pack_bfd` does, so that both make the same rows from
+  the same token lengths. Documents are never split; a document longer than `max_length` is truncated first
+  (TRL's "bfd" strategy) or cut into pieces of `max_length` tokens packed as documents of their own
+  (TRL's "bfd_split").
 - `wrapped`: all documents end to end, cut every `max_length` tokens (documents may be split across rows;
   TRL's "wrapped" strategy, kept for compatibility).
 
@@ -16,42 +18,71 @@ the position ids alone (varlen kernels), so it gets no 4-D mask.
 from __future__ import annotations
 
 import bisect
+from collections import defaultdict, deque
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-PackingStrategy = Literal["bfd", "wrapped"]
+PackingStrategy = Literal["bfd", "bfd_split", "wrapped"]
 
 
 def best_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
-    """Bins of document indices, each bin's lengths summing to at most `capacity`.
+    """Bins of document indices, each bin's lengths summing to at most `capacity`; TRL 1.16's `_pack_bfd` binning.
 
-    Longest first (ties by index); each document goes to the fullest bin it still fits in. O(n log n) search.
+    Longest first (ties by index); each document goes to the bin with the least free space that still fits it
+    (a new bin when none does); among bins with that same free space, the one that reached it first. Empty
+    documents are left out (TRL drops them). The tie rule is TRL's, so both give the same rows for the same
+    lengths. O(n log n) search.
     """
     too_long = [n for n in lengths if n > capacity]
     if too_long:
         raise ValueError(f"best_fit_decreasing: a document of {too_long[0]} tokens exceeds capacity {capacity}.")
     bins: list[list[int]] = []
-    room: list[tuple[int, int]] = []  # sorted (free space, bin index)
+    spaces: list[int] = []  # sorted distinct free space (> 0) of the open bins
+    by_space: dict[int, deque[int]] = defaultdict(deque)  # free space -> bins, in the order they reached it
     for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
-        at = bisect.bisect_left(room, (lengths[i], -1))
-        if at == len(room):
-            bins.append([i])
-            bisect.insort(room, (capacity - lengths[i], len(bins) - 1))
+        n = lengths[i]
+        if n == 0:
+            continue
+        at = bisect.bisect_left(spaces, n)
+        if at == len(spaces):
+            b, space = len(bins), capacity
+            bins.append([])
         else:
-            space, b = room.pop(at)
-            bins[b].append(i)
-            bisect.insort(room, (space - lengths[i], b))
+            space = spaces[at]
+            b = by_space[space].popleft()
+            if not by_space[space]:
+                del spaces[at], by_space[space]
+        bins[b].append(i)
+        space -= n
+        if space > 0:
+            if space not in by_space:
+                bisect.insort(spaces, space)
+            by_space[space].append(b)
     return bins
+
+
+def split_lengths(lengths: list[int], max_length: int) -> list[int]:
+    """Each document cut into pieces of `max_length` tokens, the last one shorter (TRL's "bfd_split")."""
+    return [min(max_length, n - s) for n in lengths for s in range(0, n, max_length)]
 
 
 def _concat(columns: dict[str, list[list[int]]], indices: list[int]) -> dict[str, list[int]]:
     return {name: [t for i in indices for t in values[i]] for name, values in columns.items()}
 
 
-def pack_bfd(columns: dict[str, list[list[int]]], max_length: int) -> dict[str, list]:
-    """Pack per-token columns (`input_ids` and masks, one list per document) with best-fit-decreasing."""
+def pack_bfd(columns: dict[str, list[list[int]]], max_length: int, split: bool = False) -> dict[str, list]:
+    """Pack per-token columns (`input_ids` and masks, one list per document) with best-fit-decreasing.
+
+    `split`: documents longer than `max_length` are first cut into pieces (`split_lengths`), each packed as a
+    document of its own (TRL's "bfd_split"); otherwise they must already fit.
+    """
+    if split:
+        columns = {
+            name: [doc[s : s + max_length] for doc in values for s in range(0, len(doc), max_length)]
+            for name, values in columns.items()
+        }
     lengths = [len(ids) for ids in columns["input_ids"]]
     packed: dict[str, list] = {name: [] for name in columns} | {"seq_lengths": []}
     for bin_ in best_fit_decreasing(lengths, max_length):
@@ -80,11 +111,11 @@ def pack_wrapped(columns: dict[str, list[list[int]]], max_length: int) -> dict[s
 
 
 def pack_columns(columns: dict[str, list[list[int]]], max_length: int, strategy: PackingStrategy) -> dict[str, list]:
-    if strategy == "bfd":
-        return pack_bfd(columns, max_length)
+    if strategy in ("bfd", "bfd_split"):
+        return pack_bfd(columns, max_length, split=strategy == "bfd_split")
     if strategy == "wrapped":
         return pack_wrapped(columns, max_length)
-    raise ValueError(f"packing_strategy={strategy!r}: expected 'bfd' or 'wrapped'.")
+    raise ValueError(f"packing_strategy={strategy!r}: expected 'bfd', 'bfd_split' or 'wrapped'.")
 
 
 def position_ids_from_lengths(seq_lengths: list[int], width: int) -> list[int]:
@@ -115,7 +146,7 @@ def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
 
 
-def pack_dataset_bfd(dataset, max_length: int):
+def pack_dataset_bfd(dataset, max_length: int, split: bool = False):
     """`pack_bfd` on a `datasets.Dataset`, vectorised over Arrow buffers (no per-token Python work).
 
     Every list column (`input_ids` and the masks) is regrouped the same way; `seq_lengths` is added.
@@ -128,15 +159,22 @@ def pack_dataset_bfd(dataset, max_length: int):
 
     table = dataset.with_format("arrow")[:]
     lengths = pc.list_value_length(table.column("input_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
-    bins = best_fit_decreasing(lengths.tolist(), max_length)
-    order = np.fromiter((i for b in bins for i in b), dtype=np.int64, count=len(lengths))
-    doc_lengths = lengths[order]
     starts = np.cumsum(lengths) - lengths  # where each document begins in the flat value buffer
+    if split:  # pieces of max_length tokens: piece k of a document starts k * max_length tokens into it
+        pieces = np.ceil(lengths / max_length).astype(np.int64)
+        first_piece = np.repeat(np.cumsum(pieces) - pieces, pieces)
+        into = (np.arange(int(pieces.sum())) - first_piece) * max_length
+        starts = np.repeat(starts, pieces) + into
+        lengths = np.minimum(np.repeat(lengths, pieces) - into, max_length)
+    bins = best_fit_decreasing(lengths.tolist(), max_length)
+    order = np.fromiter((i for b in bins for i in b), dtype=np.int64, count=sum(len(b) for b in bins))
+    doc_lengths = lengths[order]
     new_starts = np.cumsum(doc_lengths) - doc_lengths
     gather = np.arange(int(doc_lengths.sum())) + np.repeat(starts[order] - new_starts, doc_lengths)
     docs_per_row = np.array([len(b) for b in bins], dtype=np.int64)
     first_doc = np.cumsum(docs_per_row) - docs_per_row
-    row_offsets = pa.array(np.concatenate([[0], np.cumsum(np.add.reduceat(doc_lengths, first_doc))]), pa.int32())
+    row_sums = np.add.reduceat(doc_lengths, first_doc) if len(bins) else np.zeros(0, dtype=np.int64)
+    row_offsets = pa.array(np.concatenate([[0], np.cumsum(row_sums)]), pa.int32())
     columns = {}
     for name in table.column_names:
         values = table.column(name).combine_chunks().flatten().take(pa.array(gather))

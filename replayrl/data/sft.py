@@ -191,13 +191,14 @@ def prepare_sft_dataset(
     """Tokenise (unless pre-tokenised), truncate to `settings.max_length` and optionally pack a dataset.
 
     Returns a `datasets.Dataset` with `input_ids`, the mask columns that apply and, when packed, `seq_lengths`.
-    Truncation happens per document before packing, except for the "wrapped" strategy, which splits documents.
+    Truncation happens per document before packing, except for the "bfd_split" and "wrapped" strategies, which
+    split documents instead.
     """
     from datasets import Dataset
 
     from replayrl.data.packing import pack_columns, pack_dataset_bfd
 
-    truncate = not (packing and packing_strategy == "wrapped")
+    truncate = not (packing and packing_strategy in ("bfd_split", "wrapped"))
     tokenized = dataset.map(
         _tokenize_one,
         with_indices=True,
@@ -215,7 +216,7 @@ def prepare_sft_dataset(
         return tokenized
     if settings.max_length is None:
         raise ValueError("packing=True needs max_length (the length of a packed row); set max_length.")
-    if packing_strategy == "bfd":
-        return pack_dataset_bfd(tokenized, settings.max_length)
+    if packing_strategy in ("bfd", "bfd_split"):
+        return pack_dataset_bfd(tokenized, settings.max_length, split=packing_strategy == "bfd_split")
     columns = {name: tokenized[name] for name in tokenized.column_names}
     return Dataset.from_dict(pack_columns(columns, settings.max_length, packing_strategy))

@@ -19,7 +19,7 @@ from replayrl.training_args import (
     warn_pad_token_deprecated,
 )
 
-PACKING_STRATEGIES = ("bfd", "wrapped")
+PACKING_STRATEGIES = ("bfd", "bfd_split", "wrapped")
 TRUNCATION_MODES = ("keep_start", "keep_end")
 
 
@@ -83,9 +83,12 @@ class SFTConfig(TrainingArguments):
         metadata=_help("Shuffle the prepared dataset (with `seed`; before and after packing), as TRL's SFTTrainer."),
     )
     packing: bool = field(default=False, metadata=_help("Pack several documents into each row of max_length."))
-    packing_strategy: Literal["bfd", "wrapped"] = field(
+    packing_strategy: Literal["bfd", "bfd_split", "wrapped"] = field(
         default="bfd",
-        metadata=_help("bfd: best-fit-decreasing, documents kept whole; wrapped: end to end, cut every max_length."),
+        metadata=_help(
+            "bfd: best-fit-decreasing, documents kept whole (longer ones truncated); bfd_split: as bfd, but longer "
+            "documents are cut into max_length pieces packed on their own; wrapped: end to end, cut every max_length."
+        ),
     )
     padding_free: bool = field(
         default=False,
@@ -120,6 +123,13 @@ class SFTConfig(TrainingArguments):
             warnings.warn("`max_seq_length` is deprecated: use `max_length`.", FutureWarning, stacklevel=2)
             self.max_length = self.max_seq_length
         warn_pad_token_deprecated(self.pad_token)
+        if self.packing_strategy == "bfd-requeue":  # TRL 1.16's deprecated name, renamed as TRL does
+            warnings.warn(
+                "The `bfd-requeue` packing strategy has been renamed to `bfd_split`: use packing_strategy='bfd_split'.",
+                FutureWarning,
+                stacklevel=2,
+            )
+            self.packing_strategy = "bfd_split"
         self.pad_to_multiple_of = resolve_pad_to_multiple_of(self.pad_to_multiple_of)
         super().__post_init__()
         import json

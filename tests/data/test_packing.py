@@ -10,6 +10,7 @@ from replayrl.data.packing import (
     pack_dataset_bfd,
     pack_wrapped,
     position_ids_from_lengths,
+    split_lengths,
 )
 from replayrl.models.tiny import build_tiny_model, build_tokenizer
 
@@ -18,6 +19,31 @@ def test_best_fit_decreasing_by_hand():
     # longest first: 5 -> bin0 (room 3); 4 -> new bin1 (room 4); 3 -> bin0 (tightest fit, room 0);
     # 3 -> bin1 (room 1); 2 fits nowhere -> bin2 (room 6); 1 -> bin1 (room 1 is tighter than 6)
     assert best_fit_decreasing([5, 4, 3, 3, 2, 1], 8) == [[0, 2], [1, 3, 5], [4]]
+
+
+def test_best_fit_decreasing_ties_go_to_the_row_that_reached_the_room_first():
+    # TRL 1.16's _pack_bfd rule. 6 -> row0 (room 3); 4 -> row1 (room 5); 4 -> row1 (room 1, reached first);
+    # 2 -> row0 (room 3 is the tightest fit; room 1 now); 1: rows 0 and 1 both have room 1, row1 had it first.
+    # (Lowest row index first would give [[0, 3, 4], [1, 2]].)
+    assert best_fit_decreasing([6, 4, 4, 2, 1], 9) == [[0, 3], [1, 2, 4]]
+
+
+def test_best_fit_decreasing_drops_empty_documents():
+    assert best_fit_decreasing([0, 3, 0, 2], 4) == [[1], [3]]
+
+
+def test_bfd_split_cuts_long_documents_into_pieces_packed_on_their_own():
+    # TRL 1.16's pack_dataset docstring example. Pieces: [1-4] (4), [5] (1), [6, 7] (2), [8-10] (3), [11] (1);
+    # longest first: 4 -> row0 (full); 3 -> row1 (room 1); 2 -> row2 (room 2); [5] -> row1 (tightest); [11] -> row2.
+    columns = {"input_ids": [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10], [11]]}
+    packed = pack_bfd(columns, 4, split=True)
+    assert packed["input_ids"] == [[1, 2, 3, 4], [8, 9, 10, 5], [6, 7, 11]]
+    assert packed["seq_lengths"] == [[4], [3, 1], [2, 1]]
+    assert split_lengths([5, 2, 3, 1], 4) == [4, 1, 2, 3, 1]
+    # bfd keeps documents whole, so the first must be truncated (to [1-4]) before packing
+    truncated = pack_bfd({"input_ids": [[1, 2, 3, 4], [6, 7], [8, 9, 10], [11]]}, 4)
+    assert truncated["input_ids"] == [[1, 2, 3, 4], [8, 9, 10, 11], [6, 7]]
+    assert truncated["seq_lengths"] == [[4], [3, 1], [2]]
 
 
 def test_best_fit_decreasing_rejects_documents_longer_than_a_row():
@@ -44,6 +70,9 @@ def test_arrow_packing_equals_the_list_reference():
     data = data.select(range(5, 180))  # a view with an indices mapping, as after shuffle/select
     expected = pack_bfd({name: data[name] for name in data.column_names}, 32)
     assert pack_dataset_bfd(data, 32).to_dict() == expected
+    split = pack_bfd({name: data[name] for name in data.column_names}, 12, split=True)
+    assert pack_dataset_bfd(data, 12, split=True).to_dict() == split
+    assert sum(map(sum, split["seq_lengths"])) == sum(map(len, data["input_ids"]))  # no token lost
 
 
 def test_pack_wrapped_splits_documents_at_row_ends():
