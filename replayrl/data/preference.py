@@ -13,6 +13,7 @@ sequences only with `append_eos=True` (see `tokenize_reward_row`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Literal
 
@@ -20,6 +21,9 @@ import torch
 from torch import Tensor
 
 from replayrl.data.prompts import is_conversational
+from replayrl.data.streaming import is_streaming
+
+logger = logging.getLogger(__name__)
 
 TruncationMode = Literal["keep_start", "keep_end"]
 PRETOKENIZED_COLUMNS = ("input_ids_chosen", "attention_mask_chosen", "input_ids_rejected", "attention_mask_rejected")
@@ -141,6 +145,37 @@ def truncate_pair(
         drop = len(prompt) + len(completion) - max_length
         return prompt[drop:], completion[max(0, drop - len(prompt)) :]
     raise ValueError(f"truncation_mode must be 'keep_start' or 'keep_end' (got {mode!r})")
+
+
+def drop_fully_truncated(dataset, name: str, max_length: int):
+    """DPO rows (`prompt_input_ids`) -> the rows that keep a completion token under `truncation_mode="keep_start"`.
+    As TRL 1.16: under `keep_start`, a pair whose prompt (after `max_prompt_length`) alone fills `max_length`
+    would keep no completion token in the collator, so no learning signal: it is dropped (a streaming dataset:
+    lazily, without the count). `keep_end` keeps the completions' ends, so nothing is dropped there."""
+
+    def has_room(row):
+        return len(row["prompt_input_ids"]) < max_length
+
+    if is_streaming(dataset):
+        return dataset.filter(has_room)
+    n = len(dataset)
+    dataset = dataset.filter(has_room, desc=f"Dropping fully truncated examples from {name}")
+    if len(dataset) == 0 and n > 0:
+        raise ValueError(
+            f"every pair of {name} has a prompt of max_length={max_length} tokens or more, so truncation_mode="
+            "'keep_start' would cut every completion away: raise max_length, lower max_prompt_length (the "
+            "prompt keeps its last tokens), or set truncation_mode='keep_end'."
+        )
+    if len(dataset) < n:
+        logger.warning(
+            "%s: dropped %d of %d pairs whose prompt fills max_length=%d (truncation_mode='keep_start' would "
+            "leave them no completion token)",
+            name,
+            n - len(dataset),
+            n,
+            max_length,
+        )
+    return dataset
 
 
 def pad(rows: list[list], value, side: str = "right", dtype=torch.long, multiple: int | None = None) -> Tensor:

@@ -27,7 +27,7 @@ from transformers import PreTrainedModel, Trainer, TrainerCallback, set_seed
 from replayrl.accumulation import OwnLossScalingMixin, micro_batch_share
 from replayrl.algos.preference import PairLogps, dpo_losses, implicit_rewards, wpo_weights
 from replayrl.checkpoints import SafeCheckpointsMixin
-from replayrl.data.preference import DPODataCollator, dataset_kind, tokenize_dpo_row
+from replayrl.data.preference import DPODataCollator, dataset_kind, drop_fully_truncated, tokenize_dpo_row
 from replayrl.data.prefix_sharing import PADDING, PREFIX, SIDES, SharedPrefixRows, share_prefixes_for
 from replayrl.data.streaming import column_names, is_streaming, map_options, prepare_streaming_training
 from replayrl.dpo.config import DPOConfig
@@ -202,19 +202,21 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
         if isinstance(dataset, dict):
             return {k: DPOTrainer._tokenize(v, f"{name}[{k!r}]", tokenizer, args) for k, v in dataset.items()}
         columns = column_names(dataset)
-        if dataset_kind(columns, name) == "tokenized":
-            return dataset
-        keep = {"ref_chosen_logps", "ref_rejected_logps"}
-        return dataset.map(
-            tokenize_dpo_row,
-            fn_kwargs={
-                "tokenizer": tokenizer,
-                "max_prompt_length": args.max_prompt_length,
-                "max_completion_length": args.max_completion_length,
-            },
-            remove_columns=[c for c in columns if c not in keep],
-            **map_options(dataset, args.dataset_num_proc, f"Tokenizing {name}"),
-        )
+        if dataset_kind(columns, name) != "tokenized":
+            keep = {"ref_chosen_logps", "ref_rejected_logps"}
+            dataset = dataset.map(
+                tokenize_dpo_row,
+                fn_kwargs={
+                    "tokenizer": tokenizer,
+                    "max_prompt_length": args.max_prompt_length,
+                    "max_completion_length": args.max_completion_length,
+                },
+                remove_columns=[c for c in columns if c not in keep],
+                **map_options(dataset, args.dataset_num_proc, f"Tokenizing {name}"),
+            )
+        if args.max_length is not None and args.truncation_mode == "keep_start":
+            dataset = drop_fully_truncated(dataset, name, args.max_length)
+        return dataset
 
     def _set_signature_columns_if_needed(self):
         """The columns `remove_unused_columns=True` keeps: the tokenised pair and precomputed reference log-probs."""
