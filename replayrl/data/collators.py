@@ -10,7 +10,9 @@ per document and a 4-D block-diagonal causal `attention_mask`: bool for sdpa, ad
 FlashAttention such batches are flattened into one row (B = 1) with `cu_seq_lens_q/k` for the varlen kernels
 and no attention mask.
 
-The batch also carries `token_count` (real, non-padding input tokens), which the trainer pops for `num_tokens`.
+The batch also carries `token_count` (B,): each row's real, non-padding input tokens, which the trainer pops for
+`num_tokens`. Per row, not one scalar, so that accelerate can concatenate and split batches along the batch
+dimension (it does for an IterableDataset, whose batches it dispatches from the main process).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class SFTDataCollator:
         batch = {
             "input_ids": torch.tensor([ids + [self.pad_token_id] * (width - len(ids)) for ids, _, _ in rows]),
             "labels": torch.tensor([labels + [IGNORE_INDEX] * (width - len(labels)) for _, labels, _ in rows]),
-            "token_count": torch.tensor(sum(len(ids) for ids, _, _ in rows)),
+            "token_count": torch.tensor([len(ids) for ids, _, _ in rows]),
         }
         seq_lengths = [lengths for _, _, lengths in rows]
         if all(len(lengths) == 1 for lengths in seq_lengths):
@@ -105,7 +107,7 @@ class SFTDataCollator:
             "cu_seq_lens_k": cu,
             "max_length_q": max(lengths),
             "max_length_k": max(lengths),
-            "token_count": torch.tensor(len(ids)),
+            "token_count": torch.tensor([len(ids)]),
             "token_mask": torch.tensor([[1] * len(ids) + [0] * pad]),
         }
 

@@ -288,7 +288,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
             loss = loss / self.current_gradient_accumulation_steps
         if self.aux_loss_enabled:
             loss = self._add_sft_router_aux(loss, mode, inputs, token_mask)
-        self._record_metrics(mode, stats, targets, mask, token_count if token_count is not None else mask.numel())
+        self._record_metrics(mode, stats, targets, mask, token_count.sum() if token_count is not None else mask.numel())
         return (loss, outputs) if return_outputs else loss
 
     def _add_sft_router_aux(self, loss: Tensor, mode: str, inputs: dict, token_mask: Tensor | None) -> Tensor:

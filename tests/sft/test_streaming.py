@@ -48,3 +48,21 @@ def test_streaming_with_a_formatting_func(tmp_path):
     assert texts == [
         f"{p}{c}<|endoftext|>"[1:] for p, c in zip(addition_dataset(8)["prompt"], addition_dataset(8)["completion"])
     ]
+
+
+def test_evaluate_on_a_streaming_eval_dataset_gives_the_map_style_loss(tmp_path):
+    # accelerate dispatches the batches of an IterableDataset (dispatch_batches=None): every collated value must
+    # concatenate along the batch dimension, as TRL 1.16's collator's do
+    tok = build_tokenizer()
+    args = sft_args(tmp_path, per_device_eval_batch_size=3)  # 7 rows: the last batch is smaller
+    trainer = SFTTrainer(
+        tiny(tok), args=args, train_dataset=addition_dataset(8), processing_class=tok,
+        eval_dataset=addition_dataset(7).to_iterable_dataset(),
+    )  # fmt: skip
+    assert trainer.args.accelerator_config.dispatch_batches is None  # left as the user set it
+    from_init = trainer.evaluate()
+    map_style = trainer.evaluate(eval_dataset=addition_dataset(7))
+    streamed = trainer.evaluate(eval_dataset={"a": addition_dataset(7).to_iterable_dataset()})
+    assert from_init["eval_loss"] == pytest.approx(map_style["eval_loss"], rel=1e-6)
+    assert streamed["eval_a_loss"] == pytest.approx(map_style["eval_loss"], rel=1e-6)
+    assert streamed["eval_mean_token_accuracy"] == pytest.approx(map_style["eval_mean_token_accuracy"])
