@@ -57,6 +57,21 @@ def check_chat_template(tokenizer, fmt: DatasetFormat, assistant_only_loss: bool
         )
 
 
+def check_no_transform(dataset) -> None:
+    """As TRL 1.16's SFT: a dataset with a `Dataset.with_transform()` / `set_transform()` transform (format type
+    "custom") cannot be prepared, since `map` reads through the transform and would bake a random or stateful
+    augmentation into the tokenized columns once. Raised in TRL's words."""
+    dataset_format = getattr(dataset, "format", None)  # datasets.Dataset only; an IterableDataset has none
+    if isinstance(dataset_format, dict) and dataset_format.get("type") == "custom":
+        raise ValueError(
+            "SFTTrainer cannot prepare a dataset that uses `Dataset.with_transform()`. The preparation pipeline "
+            "calls `Dataset.map()`, which reads through the transform and can bake a random or stateful transform "
+            "into the tokenized columns. Pass `dataset_kwargs={'skip_prepare_dataset': True}` and make the "
+            "transform return trainer-ready examples, including tokenized fields, or materialize deterministic "
+            "transforms with `Dataset.map()` before constructing the trainer."
+        )
+
+
 def resolve_eos_token_id(tokenizer, eos_token: str | None) -> int:
     """The id of `eos_token` (default: the tokenizer's EOS); ValueError when it is not one token."""
     token = eos_token if eos_token is not None else tokenizer.eos_token

@@ -32,6 +32,7 @@ from replayrl.data.sft import (
     SFTTokenizeSettings,
     apply_formatting_func,
     check_chat_template,
+    check_no_transform,
     prepare_sft_dataset,
     resolve_eos_token_id,
 )
@@ -99,6 +100,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
     ):
         args = self._resolve_args(args, model_id(model), seed_kwargs)
         prepare_streaming_training(args, train_dataset, "SFTTrainer")
+        self._check_datasets(train_dataset, eval_dataset, args)
         processing_class = self._resolve_tokenizer(processing_class, tokenizer, model, args)
         set_seed(args.seed)  # as TRL: a model or PEFT adapter built here is reproducible by the seed
         model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
@@ -174,10 +176,20 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
             processing_class.pad_token = processing_class.eos_token
         return processing_class
 
+    @staticmethod
+    def _check_datasets(train_dataset, eval_dataset, args: SFTConfig) -> None:
+        """What TRL 1.16 refuses in dataset preparation, checked before the model is loaded."""
+        if (args.dataset_kwargs or {}).get("skip_prepare_dataset"):
+            return
+        evals = list(eval_dataset.values()) if isinstance(eval_dataset, dict) else [eval_dataset]
+        for dataset in [train_dataset, *evals]:
+            check_no_transform(dataset)
+
     def _prepare(self, dataset, tokenizer, args: SFTConfig, formatting_func, packing: bool):
         """Format check, tokenisation, truncation and packing of one dataset (None passes through)."""
         if dataset is None or (args.dataset_kwargs or {}).get("skip_prepare_dataset"):
             return dataset
+        check_no_transform(dataset)
         streaming = is_streaming(dataset)
         if not streaming and (not hasattr(dataset, "column_names") or not hasattr(dataset, "__len__")):
             raise ValueError(

@@ -1,12 +1,13 @@
 """TRL 1.16 API points of SFT that TRL's own test file checks: plain TrainingArguments, evaluate() on a raw
 (unprepared) dataset or a dict of them, a row's own `chat_template_kwargs` and `tools`."""
 
+import pytest
 from datasets import Dataset
 from transformers import TrainingArguments
 
 from replayrl import SFTConfig, SFTTrainer
 from replayrl.models.tiny import build_tiny_model, build_tokenizer
-from tests.sft.helpers import addition_dataset, sft_args
+from tests.sft.helpers import addition_dataset, record, sft_args
 
 
 def tiny(tokenizer):
@@ -110,3 +111,31 @@ def test_maybe_convert_to_chatml_as_trl():
         "prompt": [{"role": "user", "content": "p"}],
         "messages": [{"role": "human", "content": "q"}],  # role names kept, as TRL
     }
+
+
+def test_a_dataset_with_a_transform_is_refused_before_loading_unless_preparation_is_skipped(tmp_path):
+    tok = build_tokenizer()
+
+    def shout(batch):  # a transform runs at every read: `map` would bake one draw of it into the tokens
+        return {"text": [t.upper() for t in batch["text"]]}
+
+    data = Dataset.from_dict({"text": ["hello world", "abc"]}).with_transform(shout)
+    refused = r"Dataset\.with_transform\(\).*skip_prepare_dataset.*trainer-ready"
+    with pytest.raises(ValueError, match=refused):  # a model name that does not exist: refused before loading
+        SFTTrainer(str(tmp_path / "no-model"), args=sft_args(tmp_path), train_dataset=data, processing_class=tok)
+    plain = Dataset.from_dict({"text": ["hello world", "abc"]})
+    with pytest.raises(ValueError, match=refused):
+        SFTTrainer(tiny(tok), args=sft_args(tmp_path), train_dataset=plain, eval_dataset={"a": data})
+    trainer = SFTTrainer(tiny(tok), args=sft_args(tmp_path), train_dataset=plain, processing_class=tok)
+    with pytest.raises(ValueError, match=refused):
+        trainer.evaluate(eval_dataset=data)
+
+    def ready(batch):  # trainer-ready rows, as TRL's message asks for
+        return {"input_ids": [tok(t.upper()).input_ids + [tok.eos_token_id] for t in batch["text"]]}
+
+    args = sft_args(tmp_path, dataset_kwargs={"skip_prepare_dataset": True}, remove_unused_columns=False)
+    raw = Dataset.from_dict({"text": ["hello world", "abc"]})
+    trainer = SFTTrainer(tiny(tok), args=args, train_dataset=raw.with_transform(ready), processing_class=tok)
+    recorder = record(trainer)
+    trainer.train()
+    assert tok.decode(recorder.batches[0]["input_ids"][0]).startswith("HELLO WORLD")
