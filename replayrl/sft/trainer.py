@@ -179,6 +179,13 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
     @staticmethod
     def _check_datasets(train_dataset, eval_dataset, args: SFTConfig) -> None:
         """What TRL 1.16 refuses in dataset preparation, checked before the model is loaded."""
+        if args.padding_free and not args.packing and args.max_length is not None:
+            raise ValueError(
+                "When `padding_free=True` without packing, `max_length` is not enforced (TRL 1.16 refuses this "
+                "combination, and so does replayrl). Either enable packing (e.g., `packing=True, "
+                "packing_strategy='bfd'`), or provide already truncated inputs and set `max_length=None` (got "
+                f"max_length={args.max_length})."
+            )
         if (args.dataset_kwargs or {}).get("skip_prepare_dataset"):
             return
         evals = list(eval_dataset.values()) if isinstance(eval_dataset, dict) else [eval_dataset]

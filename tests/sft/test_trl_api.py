@@ -139,3 +139,14 @@ def test_a_dataset_with_a_transform_is_refused_before_loading_unless_preparation
     recorder = record(trainer)
     trainer.train()
     assert tok.decode(recorder.batches[0]["input_ids"][0]).startswith("HELLO WORLD")
+
+
+def test_padding_free_without_packing_refuses_a_max_length_before_loading(tmp_path):
+    tok = build_tokenizer()
+    args = sft_args(tmp_path, padding_free=True, max_length=16)
+    with pytest.raises(ValueError, match=r"`max_length` is not enforced.*max_length=16"):
+        SFTTrainer(str(tmp_path / "no-model"), args=args, train_dataset=addition_dataset(4), processing_class=tok)
+    for setting in ({"max_length": None}, {"packing": True, "max_length": 16}):  # the two ways out
+        args = sft_args(tmp_path, padding_free=True, **setting)
+        trainer = SFTTrainer(tiny(tok), args=args, train_dataset=addition_dataset(4), processing_class=tok)
+        assert trainer.train().training_loss > 0
