@@ -42,6 +42,9 @@ class SFTDataCollator:
     attn_implementation: str | None = "sdpa"
     pad_to_multiple_of: int | None = None
     mask_dtype: torch.dtype = torch.float32
+    # A prompt-learning adapter (prompt tuning, p-tuning) prepends its soft prompt to each row, which predicts the
+    # row's first token: that label is kept (as PEFT's and TRL's). Only for rows of one document (no packing).
+    prompt_predicts_first: bool = False
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         rows = [self._row(f) for f in features]
@@ -62,7 +65,7 @@ class SFTDataCollator:
         lengths = list(feature.get("seq_lengths") or [len(ids)])
         start = 0
         for n in lengths:  # a document's first token is never predicted from the one before it
-            if start < len(labels):
+            if start < len(labels) and not (start == 0 and self.prompt_predicts_first):
                 labels[start] = IGNORE_INDEX
             start += n
         return ids, labels, lengths

@@ -47,6 +47,7 @@ class HeadInput(NamedTuple):
     source: Tensor
     weight: Tensor | None = None
     bias: Tensor | None = None
+    lead: int = 0  # positions before the first real token's (1: a prompt-learning adapter's last virtual token)
 
     def token_stats(self, targets: Tensor, **kwargs) -> TokenStats:
         """`chunked_token_stats` of ``targets (B, L)`` (keywords: mask, temperature, with_entropy, ...)."""
@@ -90,17 +91,20 @@ def _is_sharded(param: Tensor) -> bool:
     return hasattr(param, "ds_id") or type(param).__name__ == "DTensor" or type(param.data).__name__ == "DTensor"
 
 
-def forward_to_head(model, fused: bool = True, **inputs) -> tuple[object, HeadInput]:
+def forward_to_head(model, fused: bool = True, keep_prompt_end: bool = False, **inputs) -> tuple[object, HeadInput]:
     """``model(**inputs)`` and the `HeadInput` to compute the token log-probs from.
 
     With ``fused`` and a `fused_head`, the returned outputs carry empty logits ``(B, 0, V)`` and the head input is
     the hidden states at the positions the logits would have had (``logits_to_keep`` applies); otherwise it is
-    ``outputs.logits`` (``outputs[0]`` for a value-head wrapper's tuple).
+    ``outputs.logits`` (``outputs[0]`` for a value-head wrapper's tuple). The head input covers the real tokens'
+    positions only: the virtual tokens a prompt-learning adapter prepends are dropped (`real_positions`), except,
+    with ``keep_prompt_end``, the last one (``lead=1``: it predicts the first real token, as in PEFT's own loss).
     """
     head = fused_head(model) if fused else None
     if head is None:
         outputs = model(**inputs)
-        return outputs, HeadInput(outputs[0] if isinstance(outputs, tuple) else outputs.logits)
+        source = outputs[0] if isinstance(outputs, tuple) else outputs.logits
+        return outputs, real_positions(HeadInput(source), inputs, keep_prompt_end)
     captured: list[Tensor] = []
 
     def keep_input(module, args):
@@ -114,4 +118,22 @@ def forward_to_head(model, fused: bool = True, **inputs) -> tuple[object, HeadIn
         handle.remove()
     if len(captured) != 1:
         raise RuntimeError(f"the lm_head ran {len(captured)} times in one forward; expected once")
-    return outputs, HeadInput(captured[0], head.weight, head.bias)
+    return outputs, real_positions(HeadInput(captured[0], head.weight, head.bias), inputs, keep_prompt_end)
+
+
+def real_positions(head: HeadInput, inputs: dict, keep_prompt_end: bool = False) -> HeadInput:
+    """`head` without the positions a prompt-learning adapter (prompt tuning, p-tuning) prepended to the outputs.
+
+    Those are the positions beyond what the inputs ask for (their length, or an int ``logits_to_keep``), at the
+    front; read from the shapes, so an adapter switched off (``disable_adapter()``, a reference pass) adds none.
+    ``keep_prompt_end`` keeps the last of them (``lead=1``), which predicts the first real token.
+    """
+    ids = inputs.get("input_ids")
+    length = (ids if ids is not None else inputs["inputs_embeds"]).shape[1]
+    keep = inputs.get("logits_to_keep")
+    expected = keep if isinstance(keep, int) and 0 < keep <= length else length
+    extra = head.source.shape[1] - expected
+    if extra <= 0:
+        return head
+    lead = 1 if keep_prompt_end and expected == length else 0
+    return HeadInput(head.source[:, extra - lead :], head.weight, head.bias, lead)

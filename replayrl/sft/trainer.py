@@ -48,6 +48,7 @@ from replayrl.models.loading import (
     set_special_token,
 )
 from replayrl.models.moe import RouterAuxLossMixin
+from replayrl.models.prompt_learning import refuse_with_4d_layouts, virtual_positions
 from replayrl.sft.config import SFTConfig
 
 # TRL v0.7.1's constructor arguments that are now SFTConfig fields: name -> config field.
@@ -110,6 +111,10 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
             model, processing_class, args.chat_template_path
         )
         model = apply_peft(model, peft_config, added_tokens)
+        packing = args.packing or bool(args.eval_packing)
+        refuse_with_4d_layouts(model, "SFTTrainer", packing=packing, padding_free=args.padding_free)
+        # a prompt-learning adapter's last virtual token predicts the first real token: its label is trained too
+        self._first_label = 0 if virtual_positions(model) else 1
         self._init_router_aux(model, args.router_aux_loss_coef)
         self._eos_token_id = resolve_eos_token_id(processing_class, args.eos_token)
         self._formatting_func = formatting_func
@@ -258,6 +263,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
             padding_free=args.padding_free,
             attn_implementation=getattr(model.config, "_attn_implementation", None),
             pad_to_multiple_of=args.pad_to_multiple_of,
+            prompt_predicts_first=virtual_positions(model) > 0,
         )
 
     def _set_signature_columns_if_needed(self):
@@ -266,11 +272,13 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
 
     # ----------------------------------------------------------------------------------------- loss
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> Tensor | None:
-        """Trained tokens (labels != -100 after the causal shift) of all micro-batches of one optimizer step,
+        """Trained tokens (labels != -100 after the causal shift; with prompt tuning / p-tuning, the first label too,
+        predicted by the last virtual token) of all micro-batches of one optimizer step,
         summed over processes when `average_tokens_across_devices`."""
         if not batch_samples or "labels" not in batch_samples[0]:
             return None
-        count = sum((b["labels"][..., 1:] != IGNORE_INDEX).sum() for b in batch_samples).to(device)
+        first = self._first_label
+        count = sum((b["labels"][..., first:] != IGNORE_INDEX).sum() for b in batch_samples).to(device)
         if self.args.average_tokens_across_devices and self.args.world_size > 1:
             count = self.accelerator.gather(count).sum()
         return count
@@ -288,8 +296,8 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         labels = inputs.pop("labels")
         fused = self.compute_loss_func is None and not (return_outputs and self.compute_metrics is not None)
         with self._router_capture():
-            outputs, head = forward_to_head(model, fused, **inputs, use_cache=False)
-        targets = labels[:, 1:]
+            outputs, head = forward_to_head(model, fused, keep_prompt_end=True, **inputs, use_cache=False)
+        targets = labels[:, 1 - head.lead :]  # head.lead = 1: the first label is predicted by the soft prompt
         mask = targets != IGNORE_INDEX
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.compute_loss_func is None):
             stats = head.positions(slice(None, -1)).token_stats(
