@@ -128,8 +128,10 @@ def real_positions(head: HeadInput, inputs: dict, keep_prompt_end: bool = False)
     front; read from the shapes, so an adapter switched off (``disable_adapter()``, a reference pass) adds none.
     ``keep_prompt_end`` keeps the last of them (``lead=1``), which predicts the first real token.
     """
-    ids = inputs.get("input_ids")
-    length = (ids if ids is not None else inputs["inputs_embeds"]).shape[1]
+    ids = inputs.get("input_ids", inputs.get("inputs_embeds"))
+    if ids is None:
+        return head
+    length = ids.shape[1]
     keep = inputs.get("logits_to_keep")
     expected = keep if isinstance(keep, int) and 0 < keep <= length else length
     extra = head.source.shape[1] - expected
