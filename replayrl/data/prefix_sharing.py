@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from replayrl.models.attention import base_model, mask_kind, sliding_window
+from replayrl.models.prompt_learning import prompt_learning_config
 
 PREFIX, CHOSEN, REJECTED, PADDING = 0, 1, 2, 3
 SIDES = ("chosen", "rejected")
@@ -110,12 +111,13 @@ def share_prefixes_for(
     pad_to_multiple_of: int | None = None,
 ) -> SharedPrefixRows | None:
     """`share_prefixes`, or None where `model` cannot be given the layout: its attention reads no 4D mask
-    (FlashAttention, flex), a mask is not right-padded, or a sliding window is narrower than the rows."""
+    (FlashAttention, flex), a mask is not right-padded, a sliding window is narrower than the rows, or a
+    prompt-learning PEFT adapter prepends its virtual tokens to a 2-D mask (`replayrl.models.prompt_learning`)."""
     right_padded = all(
         torch.equal(m.bool(), torch.arange(m.shape[1], device=m.device) < m.sum(1, keepdim=True))
         for m in (chosen_mask, rejected_mask)
     )
-    if mask_kind(model) is None or not right_padded:
+    if mask_kind(model) is None or not right_padded or prompt_learning_config(model) is not None:
         return None
     rows = share_prefixes(chosen, chosen_mask, rejected, rejected_mask, pad_token_id, pad_to_multiple_of)
     window = sliding_window(base_model(model).config)

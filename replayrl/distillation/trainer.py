@@ -32,6 +32,7 @@ from replayrl.metrics.callback import attach_metrics_file
 from replayrl.metrics.means import MeanMetricsMixin
 from replayrl.models.lm_head import forward_to_head
 from replayrl.models.loading import apply_peft, disable_dropout, load_model, load_tokenizer, model_id
+from replayrl.models.prompt_learning import refuse_prompt_learning
 
 
 def _identity_collator(features: list[dict]) -> list[dict]:
@@ -70,6 +71,12 @@ class DistillationTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetrics
         model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
         processing_class = load_tokenizer(processing_class, model, **remote)
         model = apply_peft(model, peft_config)
+        refuse_prompt_learning(  # as TRL 1.16's DistillationTrainer
+            model,
+            "DistillationTrainer",
+            "its on-policy completions are sampled by a generation backend that is not given the soft prompt or "
+            "prefix, and the student and teacher distributions are compared position by position",
+        )
         if args.disable_dropout:
             disable_dropout(model)
         teacher = self._load_teacher(teacher_model, args, model, remote)

@@ -43,6 +43,7 @@ from replayrl.models.loading import (
     set_special_token,
 )
 from replayrl.models.moe import RouterAuxLossMixin
+from replayrl.models.prompt_learning import refuse_with_4d_layouts
 from replayrl.models.reference import ReferenceModelMixin, check_ref_sync
 
 SEED_ARGS = (
@@ -162,6 +163,7 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
         """(policy, reference or None): loaded, PEFT-wrapped, dropout off."""
         model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
         model = apply_peft(model, peft_config)
+        refuse_with_4d_layouts(model, "DPOTrainer", padding_free=args.padding_free)
         ref_model = DPOTrainer._build_ref_model(model, ref_model, args)
         check_ref_sync(args, ref_model)
         if args.disable_dropout:

@@ -47,6 +47,7 @@ from replayrl.grpo.tools import ToolCallingMixin, accepts_completion_idx, tools_
 from replayrl.grpo.trl_methods import TRLMethodsMixin
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.loading import apply_peft, disable_dropout, load_model, load_tokenizer, model_id
+from replayrl.models.prompt_learning import refuse_prompt_learning
 from replayrl.models.reference import SyncRefModelCallback
 from replayrl.rewards.functions import RewardFunctions
 
@@ -97,6 +98,14 @@ class GRPOTrainer(
         processing_class = load_tokenizer(processing_class, model, padding_side="left", **remote)
         self._apply_model_options(model, args)
         model = apply_peft(model, peft_config)
+        if args.use_vllm or getattr(args, "use_transformers_continuous_batching", False):
+            refuse_prompt_learning(
+                model,
+                f"{type(self).__name__} with use_vllm=True or use_transformers_continuous_batching=True",
+                "those backends sample with the base weights (vLLM receives merged weights, into which a soft prompt "
+                "or prefix cannot be merged; generate_batch bypasses PEFT's forward), not the trained policy",
+                "Generate with transformers' generate() (both False)",
+            )
         reward_kwargs = {**(args.model_init_kwargs or {}), **remote}  # TRL: reward models given by name load with them
         self.rollout_func = rollout_func  # TRL's attribute (grpo/rollout_func.py)
         self._env = build_environments(rollout_func, environment_factory, tools)  # grpo/environments.py

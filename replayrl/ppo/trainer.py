@@ -30,6 +30,7 @@ from transformers import PreTrainedModel
 from replayrl.algos import ppo as F
 from replayrl.generation.hf import sampling_mode
 from replayrl.metrics import METRICS_FILE, MetricsFile
+from replayrl.models.prompt_learning import refuse_prompt_learning
 from replayrl.ppo.batch import PPOBatch, batch_to, batched_forward, build_batch, forward
 from replayrl.ppo.config import PPOConfig
 from replayrl.ppo.seed_methods import PPOSeedMethodsMixin
@@ -88,6 +89,12 @@ class PPOTrainer(PPOSeedMethodsMixin):
             )
         if ref_model is not None and num_shared_layers is not None:
             raise ValueError("num_shared_layers only applies when ref_model is None (the trainer builds it).")
+        refuse_prompt_learning(
+            model,
+            "PPOTrainer",
+            "its value head and rollouts read the policy at fixed response positions, and the generation backends "
+            "sample with merged weights, into which a soft prompt or prefix cannot be merged",
+        )
         set_seed(config.seed)
         self.accelerator = Accelerator(
             log_with=config.log_with,

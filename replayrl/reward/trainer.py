@@ -37,6 +37,7 @@ from replayrl.models.loading import (
     model_id,
     set_special_token,
 )
+from replayrl.models.prompt_learning import refuse_prompt_learning
 from replayrl.reward.config import RewardConfig
 
 logger = logging.getLogger(__name__)
@@ -148,6 +149,13 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         added_tokens = apply_token_settings(model, processing_class, args)
         pad_id = check_pad_token(model, processing_class)
         model = apply_peft(model, peft_config, added_tokens)
+        refuse_prompt_learning(
+            model,
+            "RewardTrainer",
+            "the score is read at each sequence's last real token, which the virtual tokens of prompt tuning and "
+            "p-tuning move (transformers' pooling cannot find it from the embeddings PEFT passes), and PEFT's "
+            "prefix tuning of a sequence classifier fails on transformers 5 models (it looks for past_key_values)",
+        )
         if args.disable_dropout:
             disable_dropout(model)
         with PartialState().main_process_first():
