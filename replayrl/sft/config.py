@@ -108,8 +108,12 @@ class SFTConfig(TrainingArguments):
         default=False,
         metadata=_help("Train only on the assistant's tokens (needs a chat template with generation marks)."),
     )
-    loss_type: Literal["nll", "dft"] = field(
-        default="nll", metadata=_help("nll: negative log-likelihood; dft: Dynamic Fine-Tuning (arXiv 2508.05629).")
+    loss_type: Literal["nll", "dft", "chunked_nll"] = field(
+        default="nll",
+        metadata=_help(
+            "nll: negative log-likelihood; dft: Dynamic Fine-Tuning (arXiv 2508.05629); chunked_nll: TRL 1.16's "
+            "deprecated alias of nll."
+        ),
     )
     learning_rate: float = field(default=2e-5, metadata=_help("AdamW learning rate (SFT default 2e-5)."))
     logging_steps: float = field(default=10, metadata=_help("Log every N optimizer steps."))
@@ -130,6 +134,14 @@ class SFTConfig(TrainingArguments):
                 stacklevel=2,
             )
             self.packing_strategy = "bfd_split"
+        if self.loss_type == "chunked_nll":  # TRL 1.16's deprecated alias: nll never forms the full logits here
+            warnings.warn(
+                "`loss_type='chunked_nll'` is deprecated and will be removed in v2.0.0. Use `loss_type='nll'` (the "
+                "default), which computes the loss the same way, without materializing the full logits.",
+                FutureWarning,
+                stacklevel=3,
+            )
+            self.loss_type = "nll"
         self.pad_to_multiple_of = resolve_pad_to_multiple_of(self.pad_to_multiple_of)
         super().__post_init__()
         import json

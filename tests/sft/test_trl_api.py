@@ -150,3 +150,9 @@ def test_padding_free_without_packing_refuses_a_max_length_before_loading(tmp_pa
         args = sft_args(tmp_path, padding_free=True, **setting)
         trainer = SFTTrainer(tiny(tok), args=args, train_dataset=addition_dataset(4), processing_class=tok)
         assert trainer.train().training_loss > 0
+
+
+def test_chunked_nll_is_trl_1_16s_deprecated_alias_of_nll(tmp_path):
+    with pytest.warns(FutureWarning, match="`loss_type='chunked_nll'` is deprecated"):
+        args = SFTConfig(output_dir=str(tmp_path), loss_type="chunked_nll", report_to="none")
+    assert args.loss_type == "nll"
