@@ -1,7 +1,8 @@
 """`SFTDataCollator`: tokenised (possibly packed) rows -> a right-padded batch with `labels` (-100 = no loss).
 
-Labels are the input ids, with -100 on padding, on tokens the masks exclude (`completion_mask` when
-`completion_only_loss`, `assistant_masks` when `assistant_only_loss`) and on the first token of every packed
+Labels are a row's own `labels` where it has them (pre-tokenized data; taken as is, as TRL 1.16), else the input
+ids with -100 on tokens the masks exclude (`completion_mask` when `completion_only_loss`, `assistant_masks` when
+`assistant_only_loss`); either way -100 on padding and on the first token of every packed
 document after the first: with the causal shift that label would be predicted from the previous document, which
 an unpacked row never does. So a packed batch and the same documents unpacked train on exactly the same tokens.
 
@@ -30,7 +31,8 @@ IGNORE_INDEX = -100
 
 @dataclass
 class SFTDataCollator:
-    """Collate rows {"input_ids", optional "completion_mask", "assistant_masks", "seq_lengths"}.
+    """Collate rows {"input_ids", optional "labels", "completion_mask", "assistant_masks", "seq_lengths"}; a row's
+    own `labels` (-100 = no loss) are used as given, the masks otherwise.
 
     `padding_free=True` flattens the whole batch into one row (B = 1) of documents kept apart as in packing.
     """
@@ -58,10 +60,13 @@ class SFTDataCollator:
     def _row(self, feature: dict) -> tuple[list[int], list[int], list[int]]:
         """(input_ids, labels, seq_lengths) of one row."""
         ids = list(feature["input_ids"])
-        if self.assistant_only_loss and "assistant_masks" not in feature:
-            raise ValueError("assistant_only_loss=True but a row has no 'assistant_masks' (tokenise it with them).")
-        mask = trained_mask(feature, self.completion_only_loss, self.assistant_only_loss)
-        labels = [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]
+        if feature.get("labels") is not None:  # the row's own labels, taken as is (as TRL 1.16)
+            labels = list(feature["labels"])
+        else:
+            if self.assistant_only_loss and "assistant_masks" not in feature:
+                raise ValueError("assistant_only_loss=True but a row has no 'assistant_masks' (tokenise it with them).")
+            mask = trained_mask(feature, self.completion_only_loss, self.assistant_only_loss)
+            labels = [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]
         lengths = list(feature.get("seq_lengths") or [len(ids)])
         start = 0
         for n in lengths:  # a document's first token is never predicted from the one before it

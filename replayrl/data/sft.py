@@ -27,6 +27,8 @@ from replayrl.data.streaming import column_names, first_row, map_options
 logger = logging.getLogger(__name__)
 GENERATION_MARK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 MASK_COLUMNS = ("completion_mask", "assistant_masks")
+# Per-token columns a pre-tokenized row may carry: a `labels` column (-100 = no loss) is taken as is, as TRL 1.16.
+TOKEN_COLUMNS = ("input_ids", "labels", *MASK_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -144,11 +146,14 @@ def truncate_row(row: dict, max_length: int | None, mode: str) -> tuple[dict, bo
     if max_length is None or n <= max_length:
         return row, False
     keep = slice(0, max_length) if mode == "keep_start" else slice(n - max_length, n)
-    return {k: (v[keep] if k == "input_ids" or k in MASK_COLUMNS else v) for k, v in row.items()}, True
+    return {k: (v[keep] if k in TOKEN_COLUMNS else v) for k, v in row.items()}, True
 
 
 def trained_mask(row: dict, completion_only_loss: bool, assistant_only_loss: bool) -> list[int]:
-    """1 where a token's label reaches the loss (before the causal shift drops position 0)."""
+    """1 where a token's label reaches the loss (before the causal shift drops position 0). A row's own `labels`
+    decide alone (as TRL 1.16: a given labels column is left as is, the masks are not applied on top)."""
+    if row.get("labels") is not None:
+        return [int(label != -100) for label in row["labels"]]
     mask = [1] * len(row["input_ids"])
     if completion_only_loss and "completion_mask" in row:
         mask = [m * c for m, c in zip(mask, row["completion_mask"])]
@@ -177,7 +182,7 @@ def apply_formatting_func(dataset, formatting_func, num_proc: int | None, text_f
 
 def _tokenize_one(example: dict, index: int, tokenizer, fmt, settings, completion_only_loss: bool, truncate: bool):
     if fmt.kind == "tokenized":
-        row = {k: list(example[k]) for k in ("input_ids", *MASK_COLUMNS) if example.get(k) is not None}
+        row = {k: list(example[k]) for k in TOKEN_COLUMNS if example.get(k) is not None}
     else:
         row = tokenize_row(example, tokenizer, fmt, settings)
     cut = False
@@ -187,8 +192,8 @@ def _tokenize_one(example: dict, index: int, tokenizer, fmt, settings, completio
         raise ValueError(
             f"Row {index} of the dataset has no token to train on (it was not truncated): with "
             f"completion_only_loss={completion_only_loss} and assistant_only_loss={settings.assistant_only_loss} "
-            "every label is masked. Check that the row has a non-empty completion / assistant turn, or turn the "
-            "mask option off."
+            "every label is masked (or its own `labels` are all -100). Check that the row has a non-empty "
+            "completion / assistant turn, or turn the mask option off."
         )
     return row
 

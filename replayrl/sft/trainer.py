@@ -268,7 +268,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
 
     def _set_signature_columns_if_needed(self):
         if self._signature_columns is None:
-            self._signature_columns = ["input_ids", "completion_mask", "assistant_masks", "seq_lengths"]
+            self._signature_columns = ["input_ids", "labels", "completion_mask", "assistant_masks", "seq_lengths"]
 
     # ----------------------------------------------------------------------------------------- loss
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> Tensor | None:

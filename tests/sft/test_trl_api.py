@@ -156,3 +156,31 @@ def test_chunked_nll_is_trl_1_16s_deprecated_alias_of_nll(tmp_path):
     with pytest.warns(FutureWarning, match="`loss_type='chunked_nll'` is deprecated"):
         args = SFTConfig(output_dir=str(tmp_path), loss_type="chunked_nll", report_to="none")
     assert args.loss_type == "nll"
+
+
+@pytest.mark.parametrize("setting", [{}, {"packing": True, "max_length": 8}], ids=["rows", "packed"])
+def test_a_pretokenized_labels_column_is_trained_as_given(tmp_path, setting):
+    tok = build_tokenizer()
+    # as TRL 1.16: a row's own labels decide alone (the all-ones assistant mask is not applied on top)
+    rows = [
+        {"input_ids": [10, 11, 12, 13], "labels": [10, -100, 12, -100], "assistant_masks": [1, 1, 1, 1]},
+        {"input_ids": [20, 21, 22], "labels": [-100, -100, 22], "assistant_masks": [1, 1, 1]},
+    ]
+    args = sft_args(tmp_path, per_device_train_batch_size=2, max_steps=1, **setting)
+    trainer = SFTTrainer(tiny(tok), args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
+    kept = sorted(label for row in trainer.train_dataset["labels"] for label in row)
+    assert kept == sorted(label for r in rows for label in r["labels"])  # carried through packing too
+    assert ("seq_lengths" in trainer.train_dataset.column_names) == bool(setting)
+    recorder = record(trainer)
+    trainer.train()
+    trained = sorted(t for t in recorder.batches[0]["labels"][:, 1:].flatten().tolist() if t != -100)
+    assert trained == [12, 22]  # position 0 of each document is never a target
+
+
+def test_a_pretokenized_labels_column_is_truncated_with_the_ids(tmp_path):
+    tok = build_tokenizer()
+    rows = [{"input_ids": [10, 11, 12, 13, 14, 15], "labels": [-100, 11, -100, 13, 14, 15]}]
+    for mode, expected in (("keep_start", [-100, 11, -100, 13]), ("keep_end", [-100, 13, 14, 15])):
+        args = sft_args(tmp_path, max_length=4, truncation_mode=mode)
+        trainer = SFTTrainer(tiny(tok), args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
+        assert trainer.train_dataset["labels"] == [expected]
