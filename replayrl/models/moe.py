@@ -66,7 +66,16 @@ class RouterLogits:
         self._handles = []
 
     def aux_loss(self, token_mask: Tensor | None, top_k: int) -> Tensor:
-        """The load-balancing loss of the captured forward pass; token_mask (B, T) or (N,), 1 = real token."""
+        """The load-balancing loss of the captured forward pass; token_mask (B, T) or (N,), 1 = real token.
+
+        A (B, T) mask of rows that routed more than T tokens each gets 1s in front: the virtual tokens a
+        prompt-learning adapter (prompt tuning, p-tuning) prepends are routed too, and PEFT's own forward counts
+        them (it prepends 1s to the attention mask the model's aux loss reads)."""
+        if token_mask is not None and token_mask.dim() == 2 and self.logits:
+            rows, routed = token_mask.shape[0], self.logits[0].shape[0]
+            extra = routed // rows - token_mask.shape[1]
+            if extra > 0 and routed % rows == 0:
+                token_mask = torch.cat([token_mask.new_ones(rows, extra), token_mask], dim=1)
         return load_balancing_loss(self.logits, top_k, token_mask)
 
 

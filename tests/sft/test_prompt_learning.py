@@ -79,3 +79,21 @@ def test_packing_is_refused_with_prompt_learning(tmp_path, setting):
             processing_class=tok,
             peft_config=adapter("prompt_tuning"),
         )
+
+
+def test_moe_router_loss_counts_the_virtual_tokens_as_peft_does(tmp_path):
+    from tests.sft.test_moe_aux import tiny_moe
+
+    tok = build_tokenizer()
+    args = sft_args(tmp_path, per_device_train_batch_size=6)
+    trainer = SFTTrainer(
+        tiny_moe(tok), args, train_dataset=texts(), processing_class=tok, peft_config=adapter("p_tuning")
+    )
+    model = trainer.model.eval()
+    batch = next(iter(trainer.get_train_dataloader()))
+    with torch.no_grad():
+        trainer.compute_loss(model, dict(batch))
+        # PEFT prepends 1s to the attention mask, so the model's own aux loss counts the 4 virtual tokens per row
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_router_logits=True)
+    aux, count = trainer._aux_sums["eval"].tolist()
+    assert count == 1 and aux == pytest.approx(out.aux_loss.item(), abs=1e-5)
