@@ -4,17 +4,18 @@ sample with a soft prompt (vLLM, continuous batching)."""
 import pytest
 import torch
 
-from replayrl import GRPOConfig, GRPOTrainer
+from replayrl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 from tests.conftest import tiny_args
 from tests.grpo.test_trainer import varied_reward
 
 peft = pytest.importorskip("peft")
 
 
-def test_prompt_tuning_trains_the_soft_prompt(model, tokenizer, dataset, tmp_path):
-    args = tiny_args(GRPOConfig, tmp_path, beta=0.1, max_steps=2, learning_rate=1e-1)
+@pytest.mark.parametrize("config_cls, trainer_cls", [(GRPOConfig, GRPOTrainer), (RLOOConfig, RLOOTrainer)])
+def test_prompt_tuning_trains_the_soft_prompt(model, tokenizer, dataset, tmp_path, config_cls, trainer_cls):
+    args = tiny_args(config_cls, tmp_path, beta=0.1, max_steps=2, learning_rate=1e-1)
     config = peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4)
-    trainer = GRPOTrainer(
+    trainer = trainer_cls(
         model=model, reward_funcs=varied_reward, args=args, train_dataset=dataset, processing_class=tokenizer,
         peft_config=config,
     )  # fmt: skip
