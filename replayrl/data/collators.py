@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from replayrl.data.packing import additive_mask, block_causal_mask, position_ids_from_lengths
-from replayrl.data.sft import trained_mask
+from replayrl.data.sft import IGNORE_INDEX, trained_mask
 
-IGNORE_INDEX = -100
+__all__ = ["IGNORE_INDEX", "SFTDataCollator"]
 
 
 @dataclass

@@ -1,8 +1,9 @@
-"""Tokenisation for supervised fine-tuning: text, prompt-completion and conversational rows -> token ids + masks.
+"""Tokenisation for supervised fine-tuning: text, prompt-completion and conversational rows -> token ids + labels.
 
-Every row becomes `input_ids` plus, where they apply, `completion_mask` (1 on completion tokens of
-prompt-completion rows) and `assistant_masks` (1 on tokens the chat template marks with `{% generation %}`).
-Which mask reaches the loss is the collator's choice (`replayrl.data.collators`), as in TRL.
+`tokenize_row` gives `input_ids` plus, where they apply, `completion_mask` (1 on completion tokens of
+prompt-completion rows) and `assistant_masks` (1 on tokens the chat template marks with `{% generation %}`);
+`prepare_sft_dataset` then bakes them into `labels` (-100 where no loss), as TRL 1.16's preparation does, so a
+prepared row is {"input_ids", "labels"} (+ "seq_lengths" when packed).
 
 - Standard (non-conversational) rows get the EOS id appended exactly once: not when the text already ends
   with it, and independently of the pad token (pad == eos never hides the real EOS: labels come from the
@@ -22,10 +23,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from replayrl.data.formats import DatasetFormat
-from replayrl.data.streaming import column_names, first_row, map_options
+from replayrl.data.streaming import column_names, first_row, is_streaming, map_options
 
 logger = logging.getLogger(__name__)
 GENERATION_MARK = re.compile(r"\{%-?\s*generation\s*-?%\}")
+IGNORE_INDEX = -100  # a label that takes no loss
 MASK_COLUMNS = ("completion_mask", "assistant_masks")
 # Per-token columns a pre-tokenized row may carry: a `labels` column (-100 = no loss) is taken as is, as TRL 1.16.
 TOKEN_COLUMNS = ("input_ids", "labels", *MASK_COLUMNS)
@@ -151,15 +153,27 @@ def truncate_row(row: dict, max_length: int | None, mode: str) -> tuple[dict, bo
 
 def trained_mask(row: dict, completion_only_loss: bool, assistant_only_loss: bool) -> list[int]:
     """1 where a token's label reaches the loss (before the causal shift drops position 0). A row's own `labels`
-    decide alone (as TRL 1.16: a given labels column is left as is, the masks are not applied on top)."""
+    decide alone (as TRL 1.16: a given labels column is left as is, the masks are not applied on top); else
+    `completion_mask` when `completion_only_loss`, and `assistant_masks` whenever the row has them (as TRL 1.16;
+    `assistant_only_loss` requires them)."""
     if row.get("labels") is not None:
-        return [int(label != -100) for label in row["labels"]]
+        return [int(label != IGNORE_INDEX) for label in row["labels"]]
     mask = [1] * len(row["input_ids"])
-    if completion_only_loss and "completion_mask" in row:
+    if completion_only_loss and row.get("completion_mask") is not None:
         mask = [m * c for m, c in zip(mask, row["completion_mask"])]
-    if assistant_only_loss:
+    if assistant_only_loss or row.get("assistant_masks") is not None:
         mask = [m * a for m, a in zip(mask, row["assistant_masks"])]
     return mask
+
+
+def with_labels(row: dict, completion_only_loss: bool, assistant_only_loss: bool) -> dict:
+    """{"input_ids", "labels"}: the masks baked into `labels` (-100 where no loss), as TRL 1.16's preparation;
+    a row's own `labels` are kept as they are."""
+    mask = trained_mask(row, completion_only_loss, assistant_only_loss)
+    labels = row.get("labels")
+    if labels is None:
+        labels = [t if m else IGNORE_INDEX for t, m in zip(row["input_ids"], mask)]
+    return {"input_ids": row["input_ids"], "labels": labels}
 
 
 def apply_formatting_func(dataset, formatting_func, num_proc: int | None, text_field: str = "text"):
@@ -188,7 +202,8 @@ def _tokenize_one(example: dict, index: int, tokenizer, fmt, settings, completio
     cut = False
     if truncate:
         row, cut = truncate_row(row, settings.max_length, settings.truncation_mode)
-    if not cut and not any(trained_mask(row, completion_only_loss, settings.assistant_only_loss)[1:]):
+    row = with_labels(row, completion_only_loss, settings.assistant_only_loss)
+    if not cut and not any(label != IGNORE_INDEX for label in row["labels"][1:]):
         raise ValueError(
             f"Row {index} of the dataset has no token to train on (it was not truncated): with "
             f"completion_only_loss={completion_only_loss} and assistant_only_loss={settings.assistant_only_loss} "
@@ -196,6 +211,30 @@ def _tokenize_one(example: dict, index: int, tokenizer, fmt, settings, completio
             "completion / assistant turn, or turn the mask option off."
         )
     return row
+
+
+def _has_a_trained_label(row: dict) -> bool:
+    return any(label != IGNORE_INDEX for label in row["labels"])
+
+
+def drop_untrained_rows(dataset):
+    """The rows that keep a trained label after truncation, as TRL 1.16 (e.g. a prompt alone filling
+    `max_length` under `keep_start`): the others add no loss. A warning with the count (a streaming dataset is
+    filtered lazily, uncounted); a ValueError when no row is left."""
+    if is_streaming(dataset):
+        return dataset.filter(_has_a_trained_label)
+    n = len(dataset)
+    dataset = dataset.filter(_has_a_trained_label, desc="Dropping fully masked examples")
+    if n and not len(dataset):
+        raise ValueError(
+            "Truncation to max_length left no row with a token to train on (each prompt fills max_length?): raise "
+            "max_length, or set truncation_mode='keep_end'."
+        )
+    if len(dataset) < n:
+        logger.warning(
+            "Dropped %d of %d rows that truncation to max_length left with no token to train on.", n - len(dataset), n
+        )
+    return dataset
 
 
 def prepare_sft_dataset(
@@ -210,7 +249,8 @@ def prepare_sft_dataset(
 ):
     """Tokenise (unless pre-tokenised), truncate to `settings.max_length` and optionally pack a dataset.
 
-    Returns a `datasets.Dataset` with `input_ids`, the mask columns that apply and, when packed, `seq_lengths`.
+    Returns a `datasets.Dataset` with `input_ids`, `labels` (the masks baked in: -100 where no loss, as TRL 1.16)
+    and, when packed, `seq_lengths`. Unpacked rows that truncation left with no trained label are dropped.
     Truncation happens per document before packing, except for the "bfd_split" and "wrapped" strategies, which
     split documents instead.
     """
@@ -233,7 +273,7 @@ def prepare_sft_dataset(
         **map_options(dataset, num_proc, "Tokenizing"),
     )
     if not packing:
-        return tokenized
+        return drop_untrained_rows(tokenized) if settings.max_length is not None else tokenized
     if settings.max_length is None:
         raise ValueError("packing=True needs max_length (the length of a packed row); set max_length.")
     if packing_strategy in ("bfd", "bfd_split"):

@@ -112,16 +112,20 @@ def test_truncation_keep_start_and_keep_end():
     assert truncate_row(row, 5, "keep_end") == (row, False)
 
 
-def test_a_row_with_nothing_to_train_on_raises_unless_truncated():
+def test_a_row_with_nothing_to_train_on_raises_unless_truncated_then_it_is_dropped(caplog):
     tok = chat_tokenizer()
     data = Dataset.from_list([{"messages": conversation("hi", "yo")}, {"messages": conversation("hi", "x")[:1]}])
     fmt = dataset_format(data)
     with pytest.raises(ValueError, match="Row 1 of the dataset has no token to train on"):
         prepare_sft_dataset(data, tok, fmt, settings(tok, assistant_only_loss=True), completion_only_loss=True)
-    # cut before the completion by truncation: allowed (the row just contributes no token)
-    data = Dataset.from_list([{"prompt": "a long prompt", "completion": "x"}])
+    # cut before the completion by truncation: dropped, as TRL 1.16 (it would add no loss), with a warning
+    data = Dataset.from_list([{"prompt": "a long prompt", "completion": "x"}, {"prompt": "1+", "completion": "1"}])
     out = prepare_sft_dataset(data, tok, dataset_format(data), settings(tok, max_length=4), completion_only_loss=True)
-    assert out[0]["completion_mask"] == [0, 0, 0, 0]
+    assert [tok.decode(row) for row in out["input_ids"]] == ["1+1" + tok.eos_token]
+    assert out["labels"] == [[-100, -100, *out["input_ids"][0][2:]]]  # the completion mask baked into labels
+    assert "dropped 1 of 2 rows" in caplog.text.lower()
+    with pytest.raises(ValueError, match="left no row with a token to train on"):
+        prepare_sft_dataset(data.select([0]), tok, dataset_format(data), settings(tok, max_length=4), True)
 
 
 def test_formatting_func_per_example_and_seed_batched(tok):

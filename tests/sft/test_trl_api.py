@@ -78,8 +78,8 @@ def test_a_rows_chat_template_kwargs_shape_prompt_and_completion_alike(tmp_path)
     )
     trainer = SFTTrainer(tiny(tok), args=sft_args(tmp_path), train_dataset=data, processing_class=tok)
     rows = trainer.train_dataset
-    # the prompt is rendered with the row's kwargs too, so the completion mask starts right after it
-    completions = [tok.decode([t for t, m in zip(r["input_ids"], r["completion_mask"]) if m]) for r in rows]
+    # the prompt is rendered with the row's kwargs too, so the completion's labels start right after it
+    completions = [tok.decode([t for t in r["labels"] if t != -100]) for r in rows]
     assert completions == ["yo<|im_end|>\n", "cd<|im_end|>\n"]
     assert tok.decode(rows[1]["input_ids"]).startswith("<|im_start|>USER\nab")
 
