@@ -14,6 +14,7 @@ Metrics: loss, mean_token_accuracy, entropy (token-weighted over the logging win
 
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Any
 
@@ -50,6 +51,8 @@ from replayrl.models.loading import (
 from replayrl.models.moe import RouterAuxLossMixin
 from replayrl.models.prompt_learning import refuse_with_4d_layouts, virtual_positions
 from replayrl.sft.config import SFTConfig
+
+logger = logging.getLogger(__name__)
 
 # TRL v0.7.1's constructor arguments that are now SFTConfig fields: name -> config field.
 SEED_CONFIG_KWARGS = {
@@ -102,6 +105,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         args = self._resolve_args(args, model_id(model), seed_kwargs)
         prepare_streaming_training(args, train_dataset, "SFTTrainer")
         self._check_datasets(train_dataset, eval_dataset, args)
+        self._check_padding_free(args, data_collator)
         processing_class = self._resolve_tokenizer(processing_class, tokenizer, model, args)
         set_seed(args.seed)  # as TRL: a model or PEFT adapter built here is reproducible by the seed
         model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
@@ -180,6 +184,28 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
         return processing_class
+
+    @staticmethod
+    def _check_padding_free(args: SFTConfig, data_collator) -> None:
+        """TRL 1.16's padding-free checks: a custom collator would ignore `padding_free` (refused); one row per
+        device batch has nothing to flatten, and 'wrapped' packing is not recommended with it (warnings)."""
+        if not args.padding_free:
+            return
+        if data_collator is not None:
+            raise ValueError(
+                "Passing a custom data collator is not supported when using padding-free: it would batch the rows "
+                "itself. Drop `data_collator`, or set `padding_free=False`."
+            )
+        if args.packing and args.packing_strategy == "wrapped":
+            logger.warning(
+                "You are passing `padding_free=True` with the 'wrapped' packing strategy, which is not recommended "
+                "(as TRL 1.16 warns): 'wrapped' cuts documents at row ends; 'bfd' keeps them whole."
+            )
+        if args.per_device_train_batch_size == 1 and not args.packing:
+            logger.warning(
+                "You are using a per_device_train_batch_size of 1 with padding-free training: one row per batch has "
+                "no padding to remove. Please consider increasing the batch size to at least 2."
+            )
 
     @staticmethod
     def _check_datasets(train_dataset, eval_dataset, args: SFTConfig) -> None:

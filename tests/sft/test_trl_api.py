@@ -184,3 +184,24 @@ def test_a_pretokenized_labels_column_is_truncated_with_the_ids(tmp_path):
         args = sft_args(tmp_path, max_length=4, truncation_mode=mode)
         trainer = SFTTrainer(tiny(tok), args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
         assert trainer.train_dataset["labels"] == [expected]
+
+
+def test_padding_free_refuses_a_custom_collator_and_warns_for_one_row_batches(tmp_path, caplog):
+    from replayrl.sft import DataCollatorForLanguageModeling
+
+    tok = build_tokenizer()
+    args = sft_args(tmp_path, padding_free=True, max_length=None, per_device_train_batch_size=1)
+    collator = DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)
+    with pytest.raises(ValueError, match="custom data collator is not supported when using padding-free"):
+        SFTTrainer(
+            str(tmp_path / "no-model"), args=args, train_dataset=addition_dataset(4), processing_class=tok,
+            data_collator=collator,
+        )  # fmt: skip
+    with caplog.at_level("WARNING", logger="replayrl.sft.trainer"):
+        SFTTrainer(tiny(tok), args=args, train_dataset=addition_dataset(4), processing_class=tok)
+    assert "per_device_train_batch_size of 1 with padding-free" in caplog.text
+    caplog.clear()
+    args = sft_args(tmp_path, padding_free=True, max_length=None, per_device_train_batch_size=2)
+    with caplog.at_level("WARNING", logger="replayrl.sft.trainer"):
+        SFTTrainer(tiny(tok), args=args, train_dataset=addition_dataset(4), processing_class=tok)
+    assert "padding-free" not in caplog.text
