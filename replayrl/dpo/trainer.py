@@ -27,7 +27,15 @@ from transformers import PreTrainedModel, Trainer, TrainerCallback, set_seed
 from replayrl.accumulation import OwnLossScalingMixin, micro_batch_share
 from replayrl.algos.preference import PairLogps, dpo_losses, implicit_rewards, wpo_weights
 from replayrl.checkpoints import SafeCheckpointsMixin
-from replayrl.data.preference import DPODataCollator, dataset_kind, drop_fully_truncated, tokenize_dpo_row
+from replayrl.data.preference import (
+    DPO_COLUMNS,
+    DPODataCollator,
+    dataset_kind,
+    drop_fully_truncated,
+    rename_old_dpo_columns,
+    tokenize_dpo_row,
+    truncate_dpo_row,
+)
 from replayrl.data.prefix_sharing import PADDING, PREFIX, SIDES, SharedPrefixRows, share_prefixes_for
 from replayrl.data.streaming import column_names, is_streaming, map_options, prepare_streaming_training
 from replayrl.dpo.config import DPOConfig
@@ -199,37 +207,31 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
 
     @staticmethod
     def _tokenize(dataset, name: str, tokenizer, args: DPOConfig):
+        """TRL 1.16's prepared layout: the rows' columns plus `prompt_ids`, `chosen_ids`, `rejected_ids`. A dataset
+        that already has those (or TRL v0.7.1's `prompt_input_ids`/`chosen_input_ids`/`rejected_input_ids`, renamed)
+        is taken as tokenized, cut to `max_prompt_length` / `max_completion_length` when set; then, under
+        `keep_start`, pairs whose prompt fills `max_length` are dropped."""
         if dataset is None:
             return None
         if isinstance(dataset, dict):
             return {k: DPOTrainer._tokenize(v, f"{name}[{k!r}]", tokenizer, args) for k, v in dataset.items()}
-        columns = column_names(dataset)
-        if dataset_kind(columns, name) != "tokenized":
-            keep = {"ref_chosen_logps", "ref_rejected_logps"}
-            dataset = dataset.map(
-                tokenize_dpo_row,
-                fn_kwargs={
-                    "tokenizer": tokenizer,
-                    "max_prompt_length": args.max_prompt_length,
-                    "max_completion_length": args.max_completion_length,
-                },
-                remove_columns=[c for c in columns if c not in keep],
-                **map_options(dataset, args.dataset_num_proc, f"Tokenizing {name}"),
-            )
+        dataset = rename_old_dpo_columns(dataset)
+        lengths = {"max_prompt_length": args.max_prompt_length, "max_completion_length": args.max_completion_length}
+        options = map_options(dataset, args.dataset_num_proc, f"Tokenizing {name}")
+        if dataset_kind(column_names(dataset), name) != "tokenized":
+            dataset = dataset.map(tokenize_dpo_row, fn_kwargs={"tokenizer": tokenizer, **lengths}, **options)
+        elif any(value is not None for value in lengths.values()):
+            options = map_options(dataset, args.dataset_num_proc, f"Truncating {name}")
+            dataset = dataset.map(truncate_dpo_row, fn_kwargs=lengths, **options)
         if args.max_length is not None and args.truncation_mode == "keep_start":
             dataset = drop_fully_truncated(dataset, name, args.max_length)
         return dataset
 
     def _set_signature_columns_if_needed(self):
-        """The columns `remove_unused_columns=True` keeps: the tokenised pair and precomputed reference log-probs."""
+        """The columns `remove_unused_columns=True` keeps (TRL 1.16's): the tokenised pair and precomputed reference
+        log-probs."""
         if self._signature_columns is None:
-            self._signature_columns = [
-                "prompt_input_ids",
-                "chosen_input_ids",
-                "rejected_input_ids",
-                "ref_chosen_logps",
-                "ref_rejected_logps",
-            ]
+            self._signature_columns = [*DPO_COLUMNS, "ref_chosen_logps", "ref_rejected_logps"]
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
         """As Trainer.evaluate; a dataset passed here is tokenised (and gets reference log-probs when

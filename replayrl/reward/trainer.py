@@ -11,7 +11,6 @@ Metrics: loss, accuracy (r_c > r_r; ties count as wrong), margin, min/mean/max r
 from __future__ import annotations
 
 import logging
-import warnings
 from collections import defaultdict
 
 import numpy as np
@@ -24,7 +23,13 @@ from replayrl.accumulation import OwnLossScalingMixin, micro_batch_share
 from replayrl.algos.preference import bradley_terry_loss, pairwise_accuracy
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.chat_template import apply_chat_template_path
-from replayrl.data.preference import RewardDataCollatorWithPadding, dataset_kind, tokenize_reward_row
+from replayrl.data.preference import (
+    REWARD_COLUMNS,
+    RewardDataCollatorWithPadding,
+    dataset_kind,
+    rename_old_reward_columns,
+    tokenize_reward_row,
+)
 from replayrl.data.prefix_sharing import SIDES, SharedPrefixRows, share_prefixes_for
 from replayrl.data.streaming import column_names, is_streaming, map_options, prepare_streaming_training
 from replayrl.metrics.callback import attach_metrics_file
@@ -41,28 +46,6 @@ from replayrl.models.prompt_learning import refuse_prompt_learning
 from replayrl.reward.config import RewardConfig
 
 logger = logging.getLogger(__name__)
-
-
-# TRL 1.16's pre-tokenized reward columns (and the older names it still takes, with a FutureWarning) -> ours.
-TRL_ID_COLUMNS = {"chosen_ids": "input_ids_chosen", "rejected_ids": "input_ids_rejected"}
-OLD_TRL_ID_COLUMNS = {"chosen_input_ids": "input_ids_chosen", "rejected_input_ids": "input_ids_rejected"}
-
-
-def _rename_trl_id_columns(dataset, name: str):
-    """TRL 1.16's `chosen_ids`/`rejected_ids` (or the deprecated `chosen_input_ids`/`rejected_input_ids`) are
-    renamed to the `input_ids_chosen`/`input_ids_rejected` columns this trainer reads."""
-    columns = set(column_names(dataset))
-    if set(TRL_ID_COLUMNS) <= columns:
-        return dataset.rename_columns(TRL_ID_COLUMNS)
-    if set(OLD_TRL_ID_COLUMNS) <= columns and "prompt_input_ids" not in columns:
-        warnings.warn(
-            f"{name}: the columns 'chosen_input_ids'/'rejected_input_ids' will not be supported in v1 of TRL's API "
-            "(TRL 1.16 deprecates them): name them 'chosen_ids'/'rejected_ids'.",
-            FutureWarning,
-            stacklevel=4,
-        )
-        return dataset.rename_columns(OLD_TRL_ID_COLUMNS)
-    return dataset
 
 
 def compute_accuracy(eval_pred: EvalPrediction) -> dict[str, float]:
@@ -108,8 +91,8 @@ def apply_token_settings(model: PreTrainedModel, tokenizer, args: RewardConfig) 
 
 
 class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
-    """TRL-compatible reward trainer; also takes TRL v0.7.1's pre-tokenized columns, `tokenizer=` and
-    `max_length=`."""
+    """TRL-compatible reward trainer; also takes TRL v0.7.1's pre-tokenized columns (renamed to TRL 1.16's),
+    `tokenizer=` and `max_length=`."""
 
     _tag_names = ["trl", "reward-trainer", "replayrl"]
 
@@ -179,33 +162,26 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         attach_metrics_file(self)
 
     def _set_signature_columns_if_needed(self):
-        """The columns `remove_unused_columns=True` keeps: the tokenised pair, its masks and the margin."""
+        """The columns `remove_unused_columns=True` keeps (TRL 1.16's): the tokenised pair and the margin."""
         if self._signature_columns is None:
-            self._signature_columns = [
-                "input_ids_chosen",
-                "attention_mask_chosen",
-                "input_ids_rejected",
-                "attention_mask_rejected",
-                "margin",
-            ]
+            self._signature_columns = [*REWARD_COLUMNS, "margin"]
 
     @staticmethod
     def _prepare(dataset, name: str, tokenizer, args: RewardConfig):
-        """Tokenise text/conversational pairs into TRL v0.7.1's columns (pre-tokenized data passes through), then
-        drop pairs longer than max_length (as TRL: truncating would cut off what tells the pair apart)."""
+        """TRL 1.16's prepared layout: the rows' columns plus `chosen_ids`, `rejected_ids` (whole sequences; older
+        pre-tokenized names renamed, TRL 1.16's pass through), then pairs longer than max_length dropped (as TRL:
+        truncating would cut off what tells the pair apart)."""
         if dataset is None:
             return None
         if isinstance(dataset, dict):
             return {k: RewardTrainer._prepare(v, f"{name}[{k!r}]", tokenizer, args) for k, v in dataset.items()}
-        dataset = _rename_trl_id_columns(dataset, name)
-        columns = column_names(dataset)
-        if dataset_kind(columns, name, allow_pretokenized=True) == "preference":
+        dataset = rename_old_reward_columns(dataset, name)
+        if dataset_kind(column_names(dataset), name, allow_pretokenized=True) == "preference":
             if tokenizer is None:
                 raise ValueError(f"{name} holds text: pass processing_class (the tokenizer) to tokenise it.")
             dataset = dataset.map(
                 tokenize_reward_row,
                 fn_kwargs={"tokenizer": tokenizer, "append_eos": args.append_eos},
-                remove_columns=[c for c in columns if c != "margin"],
                 **map_options(dataset, args.dataset_num_proc, f"Tokenizing {name}"),
             )
         if args.max_length is not None:
@@ -217,7 +193,7 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         """Pairs longer than `limit` are dropped (a streaming dataset: lazily, without the count)."""
 
         def fits(x):
-            return len(x["input_ids_chosen"]) <= limit and len(x["input_ids_rejected"]) <= limit
+            return len(x["chosen_ids"]) <= limit and len(x["rejected_ids"]) <= limit
 
         if is_streaming(dataset):
             return dataset.filter(fits)

@@ -41,25 +41,25 @@ def test_explicit_prompt_is_kept_and_bad_implicit_raises():
 
 def test_tokenize_dpo_row_text(tokenizer):
     out = tokenize_dpo_row({"prompt": "1+2=", "chosen": "3", "rejected": "4"}, tokenizer)
-    assert tokenizer.decode(out["prompt_input_ids"]) == "1+2="
-    assert out["chosen_input_ids"] == tokenizer("3").input_ids + [tokenizer.eos_token_id]  # EOS once
+    assert tokenizer.decode(out["prompt_ids"]) == "1+2="
+    assert out["chosen_ids"] == tokenizer("3").input_ids + [tokenizer.eos_token_id]  # EOS once
     out = tokenize_dpo_row({"prompt": "1+2=", "chosen": "3<|endoftext|>", "rejected": "4"}, tokenizer)
-    assert out["chosen_input_ids"].count(tokenizer.eos_token_id) == 1
+    assert out["chosen_ids"].count(tokenizer.eos_token_id) == 1
     out = tokenize_dpo_row(
         {"prompt": "12345", "chosen": "abcdef", "rejected": "x"},
         tokenizer,
         max_prompt_length=2,
         max_completion_length=3,
     )
-    assert tokenizer.decode(out["prompt_input_ids"]) == "45"  # the prompt's end is kept
-    assert tokenizer.decode(out["chosen_input_ids"]) == "abc"
+    assert tokenizer.decode(out["prompt_ids"]) == "45"  # the prompt's end is kept
+    assert tokenizer.decode(out["chosen_ids"]) == "abc"
 
 
 def test_tokenize_dpo_row_conversational(tokenizer):
     row = {"prompt": [chat("user", "q")], "chosen": [chat("assistant", "yes")], "rejected": [chat("assistant", "no")]}
     out = tokenize_dpo_row(row, tokenizer)
-    assert tokenizer.decode(out["prompt_input_ids"]) == "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"
-    assert tokenizer.decode(out["rejected_input_ids"]) == "no<|im_end|>\n<|endoftext|>"
+    assert tokenizer.decode(out["prompt_ids"]) == "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"
+    assert tokenizer.decode(out["rejected_ids"]) == "no<|im_end|>\n<|endoftext|>"
     with pytest.raises(ValueError, match="both be conversations"):
         tokenize_dpo_row({"prompt": [chat("user", "q")], "chosen": "yes", "rejected": "no"}, tokenizer)
 
@@ -78,9 +78,9 @@ def test_truncate_pair(mode, expected):
 def test_dpo_collator_labels_only_the_completion():
     collate = DPODataCollator(pad_token_id=0, label_pad_token_id=-100)
     rows = [
-        {"prompt_input_ids": [5, 6], "chosen_input_ids": [7, 1], "rejected_input_ids": [8], "ref_chosen_logps": -1.0,
+        {"prompt_ids": [5, 6], "chosen_ids": [7, 1], "rejected_ids": [8], "ref_chosen_logps": -1.0,
          "ref_rejected_logps": -2.0},
-        {"prompt_input_ids": [9], "chosen_input_ids": [7], "rejected_input_ids": [8, 8, 1], "ref_chosen_logps": -3.0,
+        {"prompt_ids": [9], "chosen_ids": [7], "rejected_ids": [8, 8, 1], "ref_chosen_logps": -3.0,
          "ref_rejected_logps": -4.0},
     ]  # fmt: skip
     batch = collate(rows)
@@ -93,16 +93,16 @@ def test_dpo_collator_labels_only_the_completion():
 
 def test_reward_rows_and_collator(tokenizer):
     out = tokenize_reward_row({"prompt": "1+1=", "chosen": "2", "rejected": "3", "margin": 1.0}, tokenizer)
-    assert tokenizer.decode(out["input_ids_chosen"]) == "1+1=2"  # as GRPO will score it
+    assert tokenizer.decode(out["chosen_ids"]) == "1+1=2"  # as GRPO will score it
     with_eos = tokenize_reward_row({"prompt": "1+1=", "chosen": "2<|endoftext|>", "rejected": "3"}, tokenizer, True)
-    assert tokenizer.decode(with_eos["input_ids_chosen"]) == "1+1=2<|endoftext|>"  # once
-    assert out["attention_mask_rejected"] == [1] * len(out["input_ids_rejected"])
+    assert tokenizer.decode(with_eos["chosen_ids"]) == "1+1=2<|endoftext|>"  # once
+    assert set(out) == {"chosen_ids", "rejected_ids"}  # TRL 1.16's columns; the collator builds the masks
     implicit = tokenize_reward_row({"chosen": [chat("user", "a"), chat("assistant", "b")],
                                     "rejected": [chat("user", "a"), chat("assistant", "c")]}, tokenizer)  # fmt: skip
-    assert tokenizer.decode(implicit["input_ids_chosen"]).endswith("b<|im_end|>\n")
+    assert tokenizer.decode(implicit["chosen_ids"]).endswith("b<|im_end|>\n")
     batch = RewardDataCollatorWithPadding(pad_token_id=0)(
-        [{"input_ids_chosen": [4, 5], "input_ids_rejected": [6], "margin": 0.5},
-         {"input_ids_chosen": [4], "input_ids_rejected": [6, 7, 8], "margin": 1.0}]
+        [{"chosen_ids": [4, 5], "rejected_ids": [6], "margin": 0.5},
+         {"chosen_ids": [4], "rejected_ids": [6, 7, 8], "margin": 1.0}]
     )  # fmt: skip
     assert batch["input_ids_rejected"].tolist() == [[6, 0, 0], [6, 7, 8]]
     assert batch["attention_mask_chosen"].tolist() == [[1, 1], [1, 0]]
@@ -112,7 +112,8 @@ def test_reward_rows_and_collator(tokenizer):
 def test_dataset_kind_names_the_columns():
     assert dataset_kind(["prompt", "chosen", "rejected"]) == "preference"
     assert dataset_kind(["chosen", "rejected", "margin"]) == "preference"
-    assert dataset_kind(PRE := ["input_ids_chosen", "input_ids_rejected"], allow_pretokenized=True) == "pretokenized"
+    assert dataset_kind(PRE := ["chosen_ids", "rejected_ids"], allow_pretokenized=True) == "pretokenized"
+    assert dataset_kind(["prompt_ids", *PRE, "prompt"]) == "tokenized"  # TRL 1.16's prepared DPO columns
     with pytest.raises(ValueError, match="not a preference dataset"):
         dataset_kind(PRE)  # the DPO trainer does not take the reward trainer's columns
     with pytest.raises(ValueError, match=r"train_dataset is not a preference dataset: it has columns \['text'\]"):

@@ -10,7 +10,7 @@ P = -100  # label_pad_token_id
 
 def collate(rows, max_length=None, mode="keep_start"):
     collator = DPODataCollator(pad_token_id=0, label_pad_token_id=P, max_length=max_length, truncation_mode=mode)
-    return collator([{"prompt_input_ids": p, "chosen_input_ids": c, "rejected_input_ids": r} for p, c, r in rows])
+    return collator([{"prompt_ids": p, "chosen_ids": c, "rejected_ids": r} for p, c, r in rows])
 
 
 def share(batch):

@@ -47,7 +47,7 @@ def test_compute_metrics_gets_the_implicit_rewards_of_every_pair(tokenizer, pair
     for i in (0, 10):
         row = trainer.eval_dataset[i]
         for column, side in enumerate(("chosen", "rejected")):
-            prompt, completion = row["prompt_input_ids"], row[f"{side}_input_ids"]
+            prompt, completion = row["prompt_ids"], row[f"{side}_ids"]
             expected = args.beta * (
                 completion_logps(policy, prompt, completion) - completion_logps(ref, prompt, completion)
             )

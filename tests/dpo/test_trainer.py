@@ -225,8 +225,8 @@ def test_conversational_implicit_prompt_data(tokenizer, tmp_path):
     trainer = DPOTrainer(tiny(tokenizer), args=dpo_args(tmp_path), train_dataset=Dataset.from_list(rows),
                          processing_class=tokenizer)  # fmt: skip
     row = trainer.train_dataset[0]
-    assert tokenizer.decode(row["prompt_input_ids"]).endswith("<|im_start|>assistant\n")
-    assert tokenizer.decode(row["chosen_input_ids"]) == "1<|im_end|>\n<|endoftext|>"
+    assert tokenizer.decode(row["prompt_ids"]).endswith("<|im_start|>assistant\n")
+    assert tokenizer.decode(row["chosen_ids"]) == "1<|im_end|>\n<|endoftext|>"
     trainer.train()
     assert losses(trainer)[0] == pytest.approx(math.log(2), abs=1e-6)
 

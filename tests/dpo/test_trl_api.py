@@ -59,7 +59,7 @@ def test_keep_start_drops_pairs_whose_prompt_fills_max_length(tokenizer, tmp_pat
         trainer = DPOTrainer(tiny(tokenizer), args=args, train_dataset=long_prompt_pairs(),
                              eval_dataset=long_prompt_pairs(), processing_class=tokenizer)  # fmt: skip
     assert len(trainer.train_dataset) == 1 and len(trainer.eval_dataset) == 1
-    assert trainer.train_dataset[0]["prompt_input_ids"] == tokenizer("Hi", add_special_tokens=False)["input_ids"]
+    assert trainer.train_dataset[0]["prompt_ids"] == tokenizer("Hi", add_special_tokens=False)["input_ids"]
     assert "train_dataset: dropped 1 of 2 pairs whose prompt fills max_length=6" in caplog.text
     trainer.train()
     assert "eval_loss" in trainer.evaluate(eval_dataset=long_prompt_pairs())  # a dataset given here: the same
@@ -67,7 +67,7 @@ def test_keep_start_drops_pairs_whose_prompt_fills_max_length(tokenizer, tmp_pat
     stream_args = dpo_args(tmp_path, max_length=6, truncation_mode="keep_start", max_steps=1)
     streamed = DPOTrainer(tiny(tokenizer), args=stream_args, train_dataset=long_prompt_pairs().to_iterable_dataset(),
                           processing_class=tokenizer)  # fmt: skip
-    assert [row["prompt_input_ids"] for row in streamed.train_dataset] == [trainer.train_dataset[0]["prompt_input_ids"]]
+    assert [row["prompt_ids"] for row in streamed.train_dataset] == [trainer.train_dataset[0]["prompt_ids"]]
 
 
 def test_keep_end_and_no_max_length_keep_every_pair(tokenizer, tmp_path):

@@ -158,7 +158,7 @@ def test_remove_unused_columns_keeps_what_the_trainer_reads(tokenizer, tmp_path,
     trainer = DPOTrainer(tiny(tokenizer), args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
     kept = trainer._remove_unused_columns(trainer.train_dataset).column_names if remove else None
     if remove:
-        assert sorted(kept) == sorted(["prompt_input_ids", "chosen_input_ids", "rejected_input_ids",
+        assert sorted(kept) == sorted(["prompt_ids", "chosen_ids", "rejected_ids",
                                        "ref_chosen_logps", "ref_rejected_logps"])  # fmt: skip
     trainer.train()
     assert len(losses(trainer)) == 1

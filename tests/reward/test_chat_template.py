@@ -27,7 +27,7 @@ def test_a_tokenizer_folder_is_cloned_and_trained_on(tmp_path):
     assert tok.chat_template == SOURCE_TEMPLATE and tok.eos_token == END_OF_TURN
     assert len(tok) == 128 == model.get_input_embeddings().weight.shape[0]
     assert model.config.eos_token_id == tok.convert_tokens_to_ids(END_OF_TURN) == 101
-    assert tok.decode(trainer.train_dataset[0]["input_ids_chosen"]) == f"[u]q0{END_OF_TURN}[a]{THINK}yes{END_OF_TURN}"
+    assert tok.decode(trainer.train_dataset[0]["chosen_ids"]) == f"[u]q0{END_OF_TURN}[a]{THINK}yes{END_OF_TURN}"
     before = model.get_input_embeddings().weight[101:103].detach().clone()
     trainer.train()
     assert not torch.allclose(model.get_input_embeddings().weight[101:103], before)

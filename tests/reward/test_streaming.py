@@ -32,11 +32,11 @@ def test_streaming_drops_long_pairs_and_needs_max_steps(tokenizer, pairs_data, t
                       processing_class=tokenizer)  # fmt: skip
     full = RewardTrainer(classifier(tokenizer), args=rm_args(tmp_path, max_length=None), train_dataset=pairs_data[0],
                          processing_class=tokenizer).train_dataset  # fmt: skip
-    longest = sorted(max(len(c), len(r)) for c, r in zip(full["input_ids_chosen"], full["input_ids_rejected"]))
+    longest = sorted(max(len(c), len(r)) for c, r in zip(full["chosen_ids"], full["rejected_ids"]))
     limit = longest[-1] - 1  # the longest pairs are dropped, the others kept
     args = rm_args(tmp_path, max_length=limit)
     trainer = RewardTrainer(classifier(tokenizer), args=args, train_dataset=stream, processing_class=tokenizer)
     rows = list(trainer.train_dataset)
     expected = RewardTrainer(classifier(tokenizer), args=args, train_dataset=pairs_data[0], processing_class=tokenizer)
     assert len(rows) == len(expected.train_dataset) < len(pairs_data[0])  # some pairs were too long
-    assert all(len(r["input_ids_chosen"]) <= limit and len(r["input_ids_rejected"]) <= limit for r in rows)
+    assert all(len(r["chosen_ids"]) <= limit and len(r["rejected_ids"]) <= limit for r in rows)

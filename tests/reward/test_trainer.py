@@ -75,7 +75,7 @@ def test_loss_is_bradley_terry_at_the_last_real_token(tokenizer, tmp_path):
         for row in trainer.train_dataset:
             pair = []
             for side in ("chosen", "rejected"):
-                ids = torch.tensor([row[f"input_ids_{side}"]])
+                ids = torch.tensor([row[f"{side}_ids"]])
                 hidden = model.model(input_ids=ids).last_hidden_state
                 pair.append(model.score(hidden)[0, -1, 0].item())
             rewards.append(pair)
@@ -99,22 +99,30 @@ def test_center_rewards_coefficient_adds_the_penalty(tokenizer, pairs_data, tmp_
 
 
 def test_seed_pretokenized_columns(tokenizer, tmp_path):
+    """TRL v0.7.1's pre-tokenized columns (+ masks) are renamed to TRL 1.16's `chosen_ids`/`rejected_ids`, the
+    tokens a mask leaves out dropped, and train to the same loss as the same tokens under TRL 1.16's names."""
     enc = lambda text: tokenizer(text).input_ids  # noqa: E731
     rows = [(f"{a}+1={a + 1}", f"{a}+1={a + 2}") for a in range(8)]
+    pad = tokenizer.pad_token_id
     data = Dataset.from_dict(
         {
-            "input_ids_chosen": [enc(c) for c, _ in rows],
-            "attention_mask_chosen": [[1] * len(enc(c)) for c, _ in rows],
+            "input_ids_chosen": [enc(c) + [pad] for c, _ in rows],  # a padded token, masked out
+            "attention_mask_chosen": [[1] * len(enc(c)) + [0] for c, _ in rows],
             "input_ids_rejected": [enc(r) for _, r in rows],
             "attention_mask_rejected": [[1] * len(enc(r)) for _, r in rows],
         }
     )
-    trainer = RewardTrainer(classifier(tokenizer), args=rm_args(tmp_path, max_steps=2), train_dataset=data,
-                            tokenizer=tokenizer, max_length=64)  # fmt: skip
-    assert trainer.args.max_length == 64
-    assert trainer.train_dataset[0]["input_ids_chosen"] == data[0]["input_ids_chosen"]
-    trainer.train()
-    assert math.isfinite(trainer.state.log_history[0]["loss"])
+    new = Dataset.from_dict({"chosen_ids": [enc(c) for c, _ in rows], "rejected_ids": [enc(r) for _, r in rows]})
+    runs = []
+    for dataset in (data, new):
+        trainer = RewardTrainer(classifier(tokenizer), args=rm_args(tmp_path, max_steps=2), train_dataset=dataset,
+                                tokenizer=tokenizer, max_length=64)  # fmt: skip
+        assert trainer.args.max_length == 64
+        assert trainer.train_dataset.column_names == ["chosen_ids", "rejected_ids"]
+        assert trainer.train_dataset[0]["chosen_ids"] == enc(rows[0][0])
+        trainer.train()
+        runs.append(trainer.state.log_history[0]["loss"])
+    assert math.isfinite(runs[0]) and runs[0] == pytest.approx(runs[1], abs=1e-6)
 
 
 def test_pad_token_is_set_from_the_tokenizer_or_refused(tokenizer, pairs_data, tmp_path):

@@ -1,6 +1,7 @@
 """TRL 1.16 API points of the reward trainer that TRL's own test file checks: its collator, the num_labels error,
 the model's tags, evaluation over named eval datasets, and TRL 1.16's pre-tokenized columns."""
 
+import copy
 import math
 
 import pytest
@@ -67,6 +68,44 @@ def test_trl_pretokenized_columns_train(tokenizer, tmp_path, chosen, rejected):
     else:
         with pytest.warns(FutureWarning, match="will not be supported in v1"):
             trainer = RewardTrainer(model, args=args, train_dataset=data, processing_class=tokenizer)
-    assert trainer.train_dataset[0]["input_ids_chosen"] == data[0][chosen]
+    assert trainer.train_dataset.column_names == ["chosen_ids", "rejected_ids"]  # TRL 1.16's names, as TRL's test
+    assert trainer.train_dataset[0]["chosen_ids"] == data[0][chosen]
     trainer.train()
     assert math.isfinite(trainer.state.log_history[0]["loss"])
+
+
+def test_prepared_dataset_keeps_the_rows_and_adds_trls_ids(tokenizer, tmp_path):
+    """TRL 1.16's prepared reward layout: the rows' own columns, plus `chosen_ids`/`rejected_ids` (no masks)."""
+    rows = Dataset.from_dict({"prompt": ["1+1="] * 4, "chosen": ["2"] * 4, "rejected": ["3"] * 4, "margin": [0.5] * 4})
+    model = build_tiny_sequence_classifier(tokenizer, seed=0, **SMALL)
+    trainer = RewardTrainer(model, args=rm_args(tmp_path, max_steps=1), train_dataset=rows, processing_class=tokenizer)
+    assert trainer.train_dataset.column_names == [
+        "prompt",
+        "chosen",
+        "rejected",
+        "margin",
+        "chosen_ids",
+        "rejected_ids",
+    ]
+    assert tokenizer.decode(trainer.train_dataset[0]["chosen_ids"]) == "1+1=2"
+    trainer.train()
+
+
+def test_row_chat_template_kwargs_reach_the_template(tokenizer, tmp_path):
+    """As TRL 1.16 (its test_train_with_chat_template_kwargs): a row's `chat_template_kwargs` go to the template."""
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = (
+        "{% for m in messages %}[{{ m['role'] | upper if shout else m['role'] }}]{{ m['content'] }}{% endfor %}"
+    )
+    turns = lambda reply: [{"role": "user", "content": "hi"}, {"role": "assistant", "content": reply}]  # noqa: E731
+    rows = Dataset.from_list(
+        [
+            {"chosen": turns("yes"), "rejected": turns("no"), "chat_template_kwargs": {"shout": bool(i % 2)}}
+            for i in range(4)
+        ]
+    )
+    model = build_tiny_sequence_classifier(tok, seed=0, **SMALL)
+    trainer = RewardTrainer(model, args=rm_args(tmp_path, max_steps=1), train_dataset=rows, processing_class=tok)
+    assert tok.decode(trainer.train_dataset[0]["chosen_ids"]) == "[user]hi[assistant]yes"
+    assert tok.decode(trainer.train_dataset[1]["rejected_ids"]) == "[USER]hi[ASSISTANT]no"
+    trainer.train()

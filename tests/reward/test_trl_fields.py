@@ -90,7 +90,7 @@ def test_eos_token_is_the_appended_token_and_the_configs(tokenizer, tmp_path):
     trainer = RewardTrainer(model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok)
     end = tok.convert_tokens_to_ids("<|im_end|>")
     assert tok.eos_token == "<|im_end|>" and model.config.eos_token_id == end
-    assert all(ids[-1] == end for ids in trainer.train_dataset["input_ids_chosen"])
+    assert all(ids[-1] == end for ids in trainer.train_dataset["chosen_ids"])
     with pytest.raises(ValueError, match="eos_token='<nope>' is not in the tokenizer's vocabulary"):
         RewardTrainer(classifier(tok), args=rm_args(tmp_path, eos_token="<nope>"),
                       train_dataset=Dataset.from_list(ROWS), processing_class=tok)  # fmt: skip
@@ -118,7 +118,7 @@ def test_chat_template_path_renders_the_conversations(tokenizer, tmp_path):
     tok = copy.deepcopy(tokenizer)
     args = rm_args(tmp_path, chat_template_path=str(template), per_device_train_batch_size=4)
     trainer = RewardTrainer(classifier(tok), args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
-    assert tok.decode(trainer.train_dataset[0]["input_ids_chosen"]) == "[user]hi[assistant]yes"
+    assert tok.decode(trainer.train_dataset[0]["chosen_ids"]) == "[user]hi[assistant]yes"
     trainer.train()
 
 
