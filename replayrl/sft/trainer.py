@@ -106,6 +106,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         prepare_streaming_training(args, train_dataset, "SFTTrainer")
         self._check_datasets(train_dataset, eval_dataset, args)
         self._check_padding_free(args, data_collator)
+        self._check_loss_func(args, compute_loss_func)
         processing_class = self._resolve_tokenizer(processing_class, tokenizer, model, args)
         set_seed(args.seed)  # as TRL: a model or PEFT adapter built here is reproducible by the seed
         model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
@@ -184,6 +185,25 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
         return processing_class
+
+    @staticmethod
+    def _check_loss_func(args: SFTConfig, compute_loss_func) -> None:
+        """As TRL 1.16: `compute_loss_func` is deprecated (it needs the full logits) and cannot replace DFT's loss."""
+        if compute_loss_func is None:
+            return
+        if args.loss_type == "dft":
+            raise ValueError(
+                "You passed a `compute_loss_func` together with `loss_type='dft'` to the `SFTTrainer`. When using "
+                "`loss_type='dft'`, the loss function is internally set to the DFT loss, so passing a "
+                "`compute_loss_func` is not allowed."
+            )
+        warnings.warn(
+            "`compute_loss_func` is deprecated and will be removed in v2.0.0 (as in TRL 1.16). Subclass `SFTTrainer` "
+            "and override `compute_loss` instead. Expect slower training meanwhile: the loss needs the full logits, "
+            "which the fused LM head otherwise never forms.",
+            FutureWarning,
+            stacklevel=3,
+        )
 
     @staticmethod
     def _check_padding_free(args: SFTConfig, data_collator) -> None:
@@ -313,14 +333,23 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         """Token-sum loss over labels != -100 divided by `num_items_in_batch` (else this micro-batch's count).
 
         The lm_head is applied chunk by chunk to the trained positions only, together with the metrics
-        (`replayrl.models.lm_head`): no full-vocabulary logits are formed. A user `compute_loss_func`, or eval with
-        `compute_metrics`, gets the model's real logits instead."""
+        (`replayrl.models.lm_head`): no full-vocabulary logits are formed. A user `compute_loss_func`, or
+        `return_outputs=True` (eval with `compute_metrics`, `predict()`: deprecated, as TRL 1.16), gets the model's
+        real logits instead."""
         mode = "train" if self.model.training else "eval"
         inputs = dict(inputs)
         token_count = inputs.pop("token_count", None)
         token_mask = inputs.pop("token_mask", None)  # (B, T) real tokens, for the MoE router loss
         labels = inputs.pop("labels")
-        fused = self.compute_loss_func is None and not (return_outputs and self.compute_metrics is not None)
+        fused = self.compute_loss_func is None and not return_outputs
+        if return_outputs:
+            warnings.warn(
+                "`return_outputs=True`, and the logits it passes to `compute_metrics` and "
+                "`preprocess_logits_for_metrics`, are deprecated and will be removed in v2.0.0 (as in TRL 1.16). The "
+                "fused LM head does not build the logits, so this forward builds them in full.",
+                FutureWarning,
+                stacklevel=2,
+            )
         with self._router_capture():
             outputs, head = forward_to_head(model, fused, keep_prompt_end=True, **inputs, use_cache=False)
         targets = labels[:, 1 - head.lead :]  # head.lead = 1: the first label is predicted by the soft prompt
@@ -343,6 +372,16 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
             loss = self._add_sft_router_aux(loss, mode, inputs, token_mask)
         self._record_metrics(mode, stats, targets, mask, token_count.sum() if token_count is not None else mask.numel())
         return (loss, outputs) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """As TRL 1.16: the outputs (full logits) are asked of `compute_loss` only when the logits are wanted
+        (`compute_metrics`, `predict()`); a loss-only eval keeps the fused LM head."""
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            if prediction_loss_only:
+                return self.compute_loss(model, inputs).detach(), None, None
+            loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
+        return loss.detach(), outputs.logits, inputs.get("labels")
 
     def _add_sft_router_aux(self, loss: Tensor, mode: str, inputs: dict, token_mask: Tensor | None) -> Tensor:
         """The MoE router loss over the batch's real tokens (the collator's `token_mask` for multi-document rows,

@@ -1,7 +1,10 @@
 """TRL 1.16 API points of SFT that TRL's own test file checks: plain TrainingArguments, evaluate() on a raw
 (unprepared) dataset or a dict of them, a row's own `chat_template_kwargs` and `tools`."""
 
+import warnings
+
 import pytest
+import torch
 from datasets import Dataset
 from transformers import TrainingArguments
 
@@ -205,3 +208,49 @@ def test_padding_free_refuses_a_custom_collator_and_warns_for_one_row_batches(tm
     with caplog.at_level("WARNING", logger="replayrl.sft.trainer"):
         SFTTrainer(tiny(tok), args=args, train_dataset=addition_dataset(4), processing_class=tok)
     assert "padding-free" not in caplog.text
+
+
+def test_predict_and_compute_metrics_get_the_models_full_logits(tmp_path):
+    tok = build_tokenizer()
+    seen = []
+
+    def compute_metrics(prediction):
+        seen.append(prediction.predictions.shape)
+        return {"rows": float(prediction.predictions.shape[0])}
+
+    args = sft_args(tmp_path, per_device_eval_batch_size=4)
+    data = addition_dataset(4)
+    trainer = SFTTrainer(tiny(tok), args=args, train_dataset=data, processing_class=tok)
+    with warnings.catch_warnings():  # a loss-only evaluate() keeps the fused head: no logits, no warning
+        warnings.simplefilter("error", FutureWarning)
+        loss_only = trainer.evaluate(eval_dataset=data)
+    with pytest.warns(FutureWarning, match="`return_outputs=True`"):
+        predicted = trainer.predict(trainer.train_dataset)
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+    with torch.no_grad():
+        logits = trainer.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    torch.testing.assert_close(torch.from_numpy(predicted.predictions), logits)  # as TRL 1.16: real logits
+    assert predicted.metrics["test_loss"] == pytest.approx(loss_only["eval_loss"], rel=1e-5)
+    trainer.compute_metrics = compute_metrics
+    with pytest.warns(FutureWarning, match="`return_outputs=True`"):
+        metrics = trainer.evaluate(eval_dataset=data)
+    assert seen == [(4, logits.shape[1], logits.shape[2])] and metrics["eval_rows"] == 4.0
+
+
+def test_compute_loss_func_is_deprecated_and_refused_with_dft(tmp_path):
+    tok = build_tokenizer()
+
+    def loss_func(outputs, labels, num_items_in_batch=None):
+        return outputs.logits.float().logsumexp(-1).mean()
+
+    with pytest.raises(ValueError, match="`compute_loss_func` together with `loss_type='dft'`"):
+        SFTTrainer(
+            str(tmp_path / "no-model"), args=sft_args(tmp_path, loss_type="dft"), train_dataset=addition_dataset(4),
+            processing_class=tok, compute_loss_func=loss_func,
+        )  # fmt: skip
+    with pytest.warns(FutureWarning, match="`compute_loss_func` is deprecated"):
+        trainer = SFTTrainer(
+            tiny(tok), args=sft_args(tmp_path), train_dataset=addition_dataset(4), processing_class=tok,
+            compute_loss_func=loss_func,
+        )  # fmt: skip
+    assert trainer.train().training_loss > 0
