@@ -268,6 +268,36 @@ def pad(rows: list[list], value, side: str = "right", dtype=torch.long, multiple
     return out
 
 
+def per_side_dpo_batch(batch: dict, label_pad_token_id: int = -100) -> dict:
+    """TRL 1.16's DPO batch (its `DataCollatorForPreference`: `input_ids`, `attention_mask`, `completion_mask`
+    (2B, L), every chosen row then every rejected one) -> the per-side batch `DPODataCollator` builds:
+    `{side}_input_ids`, `{side}_attention_mask`, `{side}_labels` (B, L) (the completion's tokens, else
+    `label_pad_token_id`); other keys (`ref_chosen_logps`, ...) kept. A per-side batch is returned as it is."""
+    if "chosen_input_ids" in batch or "completion_mask" not in batch:
+        return batch
+    ids, mask, completion = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
+    labels = ids.masked_fill(completion == 0, label_pad_token_id)
+    n = ids.shape[0] // 2
+    out = {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "completion_mask")}
+    for side, rows in (("chosen", slice(0, n)), ("rejected", slice(n, 2 * n))):
+        out[f"{side}_input_ids"], out[f"{side}_attention_mask"] = ids[rows], mask[rows]
+        out[f"{side}_labels"] = labels[rows]
+    return out
+
+
+def per_side_reward_batch(batch: dict) -> dict:
+    """TRL 1.16's reward batch (its `DataCollatorForPreference`: `input_ids`, `attention_mask` (2B, L), every chosen
+    row then every rejected one) -> the per-side batch `RewardDataCollatorWithPadding` builds: `input_ids_{side}`,
+    `attention_mask_{side}` (B, L); `margin` kept. A per-side batch is returned as it is."""
+    if "input_ids_chosen" in batch or "input_ids" not in batch:
+        return batch
+    ids, mask, n = batch["input_ids"], batch["attention_mask"], batch["input_ids"].shape[0] // 2
+    out = {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask")}
+    for side, rows in (("chosen", slice(0, n)), ("rejected", slice(n, 2 * n))):
+        out[f"input_ids_{side}"], out[f"attention_mask_{side}"] = ids[rows], mask[rows]
+    return out
+
+
 class DPODataCollator:
     """Tokenized DPO rows (TRL 1.16's `prompt_ids`, `chosen_ids`, `rejected_ids`) -> TRL v0.7.1's DPO batch, which
     its `concatenated_inputs` / `concatenated_forward` take: `chosen_input_ids`, `chosen_attention_mask`,

@@ -32,6 +32,7 @@ from replayrl.data.preference import (
     DPODataCollator,
     dataset_kind,
     drop_fully_truncated,
+    per_side_dpo_batch,
     rename_old_dpo_columns,
     tokenize_dpo_row,
     truncate_dpo_row,
@@ -313,8 +314,10 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
 
     def _forward(self, model, batch: dict[str, Tensor], with_logits: bool = True) -> dict[str, Tensor]:
         """One forward on the 2B concatenated rows -> chosen/rejected `logps` and `lengths` (B,) each, and with
-        `with_logits` the mean completion logits and (use_weighting) WPO log-weights."""
+        `with_logits` the mean completion logits and (use_weighting) WPO log-weights. TRL 1.16's collator layout
+        (`input_ids`/`completion_mask`, chosen rows then rejected) is taken too, split per side."""
         pad, wpo, ld_alpha = self.args.label_pad_token_id, self.args.use_weighting, self.args.ld_alpha
+        batch = per_side_dpo_batch(batch, pad)
         rows = self._shared_rows(model, batch)
         if rows is not None:
             sums = shared_sums(model, batch, rows, pad, with_logits, wpo, ld_alpha)

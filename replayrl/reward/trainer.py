@@ -27,6 +27,7 @@ from replayrl.data.preference import (
     REWARD_COLUMNS,
     RewardDataCollatorWithPadding,
     dataset_kind,
+    per_side_reward_batch,
     rename_old_reward_columns,
     tokenize_reward_row,
 )
@@ -214,7 +215,9 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
     # ----------------------------------------------------------------------------------------- loss
     def rewards(self, model, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """One forward on chosen and rejected together -> rewards (B,), (B,): one prefix-shared row per pair
-        where it applies (`prefix_sharing`), else chosen and rejected rows concatenated."""
+        where it applies (`prefix_sharing`), else chosen and rejected rows concatenated. TRL 1.16's collator layout
+        (`input_ids`, chosen rows then rejected) is taken too, split per side."""
+        batch = per_side_reward_batch(batch)
         head = _score_head(model) if self.args.prefix_sharing else None
         rows = None if head is None else self._shared_rows(model, batch)
         if rows is not None:
@@ -256,6 +259,7 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         mode = "train" if model.training else "eval"
+        inputs = per_side_reward_batch(inputs)  # TRL 1.16's collator layout too
         chosen, rejected = self.rewards(model, inputs)
         loss = bradley_terry_loss(chosen, rejected, inputs.get("margin"), self.args.center_rewards_coefficient)
         loss = micro_batch_share(self, loss, model.training)  # a mean over pairs: this micro-batch's share

@@ -9,7 +9,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-from replayrl.dpo import DPOTrainer
+from replayrl.dpo import DataCollatorForPreference, DPOTrainer
 from tests.dpo.test_trainer import dpo_args, losses, pairs_data, tiny  # noqa: F401
 
 IDS = ["prompt_ids", "chosen_ids", "rejected_ids"]
@@ -110,3 +110,20 @@ def test_row_chat_template_kwargs_reach_the_template(tokenizer, tmp_path):
     assert tok.decode(trainer.train_dataset[0]["prompt_ids"]) == "[user]hi[assistant]"
     assert tok.decode(trainer.train_dataset[1]["prompt_ids"]) == "[USER]hi[ASSISTANT]"
     trainer.train()
+
+
+@pytest.mark.parametrize("precompute", [False, True])
+def test_trls_collator_as_data_collator_trains_the_same(tokenizer, pairs_data, tmp_path, precompute):  # noqa: F811
+    """TRL 1.16's `DataCollatorForPreference` (chosen rows then rejected rows, `completion_mask`) given as
+    `data_collator` reads the prepared columns and trains to the same losses and weights as the default collator."""
+    args = dpo_args(tmp_path, max_steps=3, per_device_train_batch_size=4, precompute_ref_log_probs=precompute)
+    runs = []
+    for collator in (None, DataCollatorForPreference(tokenizer.pad_token_id)):
+        trainer = DPOTrainer(tiny(tokenizer), ref_model=tiny(tokenizer, seed=1), args=copy.deepcopy(args),
+                             data_collator=collator, train_dataset=pairs_data[0],
+                             processing_class=tokenizer)  # fmt: skip
+        trainer.train()
+        runs.append((losses(trainer), torch.cat([p.detach().flatten() for p in trainer.model.parameters()])))
+    assert len(runs[0][0]) == 3 and len(set(runs[0][0])) > 1
+    assert runs[1][0] == pytest.approx(runs[0][0], abs=1e-6)
+    assert torch.allclose(runs[1][1], runs[0][1], atol=1e-6)

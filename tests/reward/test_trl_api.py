@@ -109,3 +109,18 @@ def test_row_chat_template_kwargs_reach_the_template(tokenizer, tmp_path):
     assert tok.decode(trainer.train_dataset[0]["chosen_ids"]) == "[user]hi[assistant]yes"
     assert tok.decode(trainer.train_dataset[1]["rejected_ids"]) == "[USER]hi[ASSISTANT]no"
     trainer.train()
+
+
+def test_trls_collator_as_data_collator_trains_the_same(tokenizer, tmp_path):
+    """TRL 1.16's `DataCollatorForPreference` (chosen rows then rejected rows) given as `data_collator` reads the
+    prepared columns and trains to the same losses as the default collator."""
+    train, _ = preference_datasets(seed=0, per_problem=1)
+    runs = []
+    for collator in (None, DataCollatorForPreference(tokenizer.pad_token_id)):
+        model = build_tiny_sequence_classifier(tokenizer, seed=0, **SMALL)
+        trainer = RewardTrainer(model, args=rm_args(tmp_path, max_steps=3), data_collator=collator,
+                                train_dataset=train.select(range(48)), processing_class=tokenizer)  # fmt: skip
+        trainer.train()
+        runs.append([row["loss"] for row in trainer.state.log_history if "loss" in row])
+    assert len(runs[0]) == 3 and len(set(runs[0])) > 1
+    assert runs[1] == pytest.approx(runs[0], abs=1e-6)
