@@ -127,3 +127,12 @@ def test_trls_collator_as_data_collator_trains_the_same(tokenizer, pairs_data, t
     assert len(runs[0][0]) == 3 and len(set(runs[0][0])) > 1
     assert runs[1][0] == pytest.approx(runs[0][0], abs=1e-6)
     assert torch.allclose(runs[1][1], runs[0][1], atol=1e-6)
+
+
+def test_streaming_pretokenized_pairs_with_old_names(tokenizer, pairs_data, tmp_path):  # noqa: F811
+    stream = pretokenized(pairs_data[0], tokenizer, OLD).to_iterable_dataset()
+    trainer = DPOTrainer(tiny(tokenizer), args=dpo_args(tmp_path, max_steps=1, max_prompt_length=3),
+                         train_dataset=stream, processing_class=tokenizer)  # fmt: skip
+    row = next(iter(trainer.train_dataset))
+    assert set(row) == set(IDS) and len(row["prompt_ids"]) <= 3
+    trainer.train()

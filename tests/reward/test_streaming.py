@@ -3,6 +3,7 @@ longer than max_length dropped on the fly, max_steps required."""
 
 import pytest
 import torch
+from datasets import Dataset
 
 from replayrl.reward import RewardTrainer
 from tests.reward.test_trainer import classifier, pairs_data, rm_args  # noqa: F401 (pairs_data: a fixture)
@@ -40,3 +41,20 @@ def test_streaming_drops_long_pairs_and_needs_max_steps(tokenizer, pairs_data, t
     expected = RewardTrainer(classifier(tokenizer), args=args, train_dataset=pairs_data[0], processing_class=tokenizer)
     assert len(rows) == len(expected.train_dataset) < len(pairs_data[0])  # some pairs were too long
     assert all(len(r["chosen_ids"]) <= limit and len(r["rejected_ids"]) <= limit for r in rows)
+
+
+def test_streaming_v071_pretokenized_columns_are_renamed(tokenizer, tmp_path):
+    enc = lambda text: tokenizer(text).input_ids  # noqa: E731
+    rows = [(f"{a}+1={a + 1}", f"{a}+1={a + 2}") for a in range(8)]
+    data = Dataset.from_dict(
+        {
+            "input_ids_chosen": [enc(c) + [tokenizer.pad_token_id] for c, _ in rows],
+            "attention_mask_chosen": [[1] * len(enc(c)) + [0] for c, _ in rows],
+            "input_ids_rejected": [enc(r) for _, r in rows],
+        }
+    )
+    trainer = RewardTrainer(classifier(tokenizer), args=rm_args(tmp_path, max_steps=1),
+                            train_dataset=data.to_iterable_dataset(), processing_class=tokenizer)  # fmt: skip
+    row = next(iter(trainer.train_dataset))
+    assert set(row) == {"chosen_ids", "rejected_ids"} and row["chosen_ids"] == enc(rows[0][0])
+    trainer.train()
