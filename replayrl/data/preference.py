@@ -10,9 +10,11 @@ Accepted rows (TRL's formats), standard (strings) or conversational (lists of {"
     (`rename_old_dpo_columns`, `rename_old_reward_columns`): DPO's TRL v0.7.1 `prompt_input_ids`/`chosen_input_ids`/
     `rejected_input_ids`; reward's `chosen_input_ids`/`rejected_input_ids` (TRL 1.16 deprecates them, with a
     FutureWarning) and TRL v0.7.1's `input_ids_chosen`/`input_ids_rejected` (+ `attention_mask_*`).
-Conversational rows go through the tokenizer's chat template, with the row's own `chat_template_kwargs` and `tools`
-columns when it has them (as TRL 1.16). DPO completions get EOS appended once; reward sequences only with
-`append_eos=True` (see `tokenize_reward_row`). Tokenizing keeps the row's other columns, as TRL 1.16's prepared
+Token ids are TRL 1.16's for the same rows: text is tokenized with the tokenizer's special tokens (a Llama-style BOS
+first; none for Qwen), conversations through the chat template (with the row's own `chat_template_kwargs` and `tools`
+columns), and DPO's prompt + completion jointly, split where it leaves the prompt tokenized alone. Text completions
+get the EOS text appended once (DPO; reward sequences only with `append_eos=True`, see `tokenize_reward_row`);
+conversations none (the template ends the turn). Tokenizing keeps the row's other columns, as TRL 1.16's prepared
 datasets do (an implicit prompt is split off into `prompt`, `chosen`, `rejected` for DPO).
 """
 
@@ -110,62 +112,107 @@ def rename_old_reward_columns(dataset, name: str):
 
 
 def extract_prompt(example: dict) -> dict:
-    """Split an implicit prompt off `chosen` and `rejected`: the prompt is their longest common prefix (whole
-    messages for conversations; characters for text, leaving a shared trailing space to the completions).
-    Rows that already have a `prompt` are returned unchanged."""
+    """Split an implicit prompt off `chosen` and `rejected`, as TRL 1.16's `extract_prompt`: the prompt is their
+    longest common prefix (whole messages for conversations; characters for text, a space just before the first
+    difference going to the completions). Rows that already have a `prompt` are returned unchanged."""
     if "prompt" in example and example["prompt"] is not None:
         return example
     chosen, rejected = example["chosen"], example["rejected"]
     n = 0
     while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
         n += 1
-    if isinstance(chosen, str):
-        while n > 0 and chosen[n - 1].isspace():
-            n -= 1
     if n == 0 or n == len(chosen) or n == len(rejected):
         raise ValueError(
             "cannot extract an implicit prompt: chosen and rejected must share a non-empty prefix and differ "
             f"after it (chosen={chosen!r}, rejected={rejected!r}); give an explicit 'prompt' column instead."
         )
+    if isinstance(chosen, str) and chosen[n - 1] == " " and n > 1:
+        n -= 1
     return {**example, "prompt": chosen[:n], "chosen": chosen[n:], "rejected": rejected[n:]}
 
 
-def _apply_template(tokenizer, prompt, completion, **template_kwargs) -> tuple[str, str]:
-    """Prompt and completion as text; conversations through the chat template (with `template_kwargs`, the row's
-    own), the completion being what the template adds after the prompt's generation prompt."""
-    if not is_conversational(prompt) and not is_conversational(completion):
-        return prompt, completion
-    if not (is_conversational(prompt) and is_conversational(completion)):
+def check_same_kind(prompt, *completions) -> bool:
+    """True when the prompt and completions are conversations (lists of messages), False when all are strings; a
+    mix is a ValueError."""
+    kinds = {is_conversational(value) for value in (prompt, *completions)}
+    if len(kinds) > 1:
         raise ValueError("prompt and completion must both be conversations (lists of messages) or both strings")
-    prompt_text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **template_kwargs)
-    full = tokenizer.apply_chat_template(prompt + completion, tokenize=False, **template_kwargs)
-    if not full.startswith(prompt_text):
-        raise ValueError(
-            "the chat template renders prompt + completion with a different prefix than the prompt alone, so the "
-            "completion cannot be split off; use a template whose generation prompt is a prefix of the reply."
+    return kinds.pop()
+
+
+def tokenize_text_or_chat(tokenizer, value, **template_kwargs) -> list[int]:
+    """Token ids as TRL 1.16's `_tokenize`: a conversation through the chat template (`tokenize=True`, which adds no
+    special tokens of its own: the template writes any BOS), text through `tokenizer(text)` with the tokenizer's
+    special tokens (a Llama-style BOS first; none for Qwen). `template_kwargs` apply to conversations only."""
+    if is_conversational(value):
+        out = tokenizer.apply_chat_template(value, tokenize=True, return_dict=True, **template_kwargs)
+        return list(out["input_ids"])
+    return list(tokenizer(text=value)["input_ids"])
+
+
+def common_prefix_length(ids: Sequence[int], other: Sequence[int]) -> int:
+    """How many leading tokens `ids` and `other` share."""
+    n = 0
+    while n < min(len(ids), len(other)) and ids[n] == other[n]:
+        n += 1
+    return n
+
+
+_warned_prompt_split = False
+
+
+def prompt_split(tokenizer, prompt_ids: list[int], *full_ids: list[int]) -> int:
+    """Where the completion starts in each tokenized prompt + completion, as TRL 1.16: after the tokens they all share
+    with the prompt tokenized alone. Short of the whole prompt (a chat template that renders the prompt alone
+    differently, or tokens merging across the boundary), TRL 1.16's warning is logged once."""
+    global _warned_prompt_split
+    n = min(common_prefix_length(prompt_ids, ids) for ids in full_ids)
+    if n < len(prompt_ids) and not _warned_prompt_split:
+        _warned_prompt_split = True
+        logger.warning(
+            "The tokenized prompt is not a prefix of the tokenized prompt+completion, usually because the chat "
+            "template renders the prompt alone differently or because tokens merge across the boundary. The "
+            "completion starts where they diverge, and this end of the prompt is left out of the training sequence: "
+            "%r. The model is trained on a context that differs from the one it sees at inference. To avoid it, use "
+            "a chat template that renders the prompt the same way in both cases, or end the prompt on a token "
+            "boundary. This warning is shown once, but it likely applies to every example in the dataset.",
+            tokenizer.decode(prompt_ids[n:]),
         )
-    return prompt_text, full[len(prompt_text) :]
+    return n
 
 
-def _with_eos(ids: list[int], eos_id: int | None) -> list[int]:
-    return ids + [eos_id] if eos_id is not None and (not ids or ids[-1] != eos_id) else ids
+def with_eos_text(text: str, eos_token: str | None) -> str:
+    """TRL 1.16's EOS for text completions: the EOS token's text appended unless the text already ends with it."""
+    return text if eos_token is None or text.endswith(eos_token) else text + eos_token
+
+
+def tokenize_prompt_completions(example: dict, tokenizer, sides: Sequence[str]) -> dict:
+    """TRL 1.16's DPO/KTO tokenization of one row: `prompt_ids` and `{side}_ids` for each completion column in
+    `sides`. Text completions get the EOS text appended (once); prompt + completion is tokenized jointly
+    (`tokenize_text_or_chat`: special tokens for text, the chat template for conversations, the row's `tools` /
+    `chat_template_kwargs`) and split where it leaves the prompt tokenized alone (`prompt_split`)."""
+    conversational = check_same_kind(example["prompt"], *(example[side] for side in sides))
+    kwargs = row_chat_template_kwargs(example) if conversational else {}
+    prompt = example["prompt"]
+    completions = {side: example[side] for side in sides}
+    if not conversational:
+        completions = {side: with_eos_text(text, tokenizer.eos_token) for side, text in completions.items()}
+    generation_prompt = {"add_generation_prompt": True} if conversational else {}
+    prompt_ids = tokenize_text_or_chat(tokenizer, prompt, **kwargs, **generation_prompt)
+    full = {side: tokenize_text_or_chat(tokenizer, prompt + value, **kwargs) for side, value in completions.items()}
+    n = prompt_split(tokenizer, prompt_ids, *full.values())
+    return {"prompt_ids": prompt_ids[:n], **{f"{side}_ids": ids[n:] for side, ids in full.items()}}
 
 
 def tokenize_dpo_row(
     example: dict, tokenizer, max_prompt_length: int | None = None, max_completion_length: int | None = None
 ) -> dict:
-    """TRL 1.16's DPO columns: prompt_ids (the last `max_prompt_length` tokens), chosen_ids / rejected_ids
-    (completion tokens + EOS, the first `max_completion_length`), with `prompt`, `chosen`, `rejected` (an implicit
-    prompt split off). No special tokens are added to the prompt (chat templates carry their own)."""
+    """TRL 1.16's DPO columns (`tokenize_prompt_completions`): prompt_ids (with the tokenizer's special tokens for
+    text, e.g. a BOS), chosen_ids / rejected_ids (text: + EOS), then cut: the prompt to its last
+    `max_prompt_length` tokens, the completions to their first `max_completion_length` (replayrl's options; TRL
+    1.16 has neither). `prompt`, `chosen`, `rejected` are kept as given (an implicit prompt split off)."""
     example = extract_prompt(example)
-    kwargs = row_chat_template_kwargs(example)
-    prompt_text, chosen_text = _apply_template(tokenizer, example["prompt"], example["chosen"], **kwargs)
-    _, rejected_text = _apply_template(tokenizer, example["prompt"], example["rejected"], **kwargs)
-    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    prompt_ids = encode(prompt_text)
-    chosen_ids = _with_eos(encode(chosen_text), tokenizer.eos_token_id)
-    rejected_ids = _with_eos(encode(rejected_text), tokenizer.eos_token_id)
-    ids = {"prompt_ids": prompt_ids, "chosen_ids": chosen_ids, "rejected_ids": rejected_ids}
+    ids = tokenize_prompt_completions(example, tokenizer, ("chosen", "rejected"))
     texts = {key: example[key] for key in ("prompt", "chosen", "rejected")}
     return {**texts, **truncate_dpo_row(ids, max_prompt_length, max_completion_length)}
 
@@ -184,25 +231,22 @@ def truncate_dpo_row(
 
 
 def tokenize_reward_row(example: dict, tokenizer, append_eos: bool = False) -> dict:
-    """TRL 1.16's reward columns `chosen_ids`, `rejected_ids`: whole sequences (prompt + completion, + EOS if
-    `append_eos`), no masks (the collator builds them). `prompt` is optional: without it chosen/rejected are the
-    whole texts or conversations. EOS is off by default because GRPO scores `prompt + completion` text decoded
-    without special tokens: a model trained on sequences ending in EOS would be read at a different position
-    there."""
+    """TRL 1.16's reward columns `chosen_ids`, `rejected_ids`: whole sequences (`prompt` + completion when the row
+    has a prompt, else the whole text/conversation), tokenized as TRL 1.16 (`tokenize_text_or_chat`: text with the
+    tokenizer's special tokens, e.g. a BOS; conversations through the chat template with the row's `tools` /
+    `chat_template_kwargs`); no masks (the collator builds them). EOS text is appended to text sequences only with
+    `append_eos` (TRL always does; conversations never get one): replayrl's GRPO scores `prompt + completion`
+    text, which has none, and a model trained on sequences ending in EOS would be read at a different position."""
     out, kwargs = {}, row_chat_template_kwargs(example)
+    prompt = example.get("prompt")
     for side in ("chosen", "rejected"):
-        prompt, completion = example.get("prompt"), example[side]
-        if prompt is None:
-            if is_conversational(completion):
-                text = tokenizer.apply_chat_template(completion, tokenize=False, **kwargs)
-            else:
-                text = completion
-        else:
-            text = "".join(_apply_template(tokenizer, prompt, completion, **kwargs))
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        if append_eos:
-            ids = _with_eos(ids, tokenizer.eos_token_id)
-        out[f"{side}_ids"] = ids
+        value = example[side]
+        if prompt is not None:
+            check_same_kind(prompt, value)
+            value = prompt + value
+        if append_eos and not is_conversational(value):
+            value = with_eos_text(value, tokenizer.eos_token)
+        out[f"{side}_ids"] = tokenize_text_or_chat(tokenizer, value, **kwargs)
     return out
 
 

@@ -4,7 +4,11 @@ Accepted rows (TRL's formats), standard (strings) or conversational (lists of me
   - unpaired: `prompt`, `completion`, `label` (bool);
   - paired preference rows (`chosen`, `rejected`, optional `prompt`, see `replayrl.data.preference`): each pair
     becomes two rows, chosen with label True and rejected with label False (TRL's `unpair_preference_dataset`).
-Conversations go through the chat template; completions get EOS appended once (as DPO's).
+Token ids are TRL 1.16's KTO ids (`replayrl.data.preference.tokenize_prompt_completions`, as DPO's): text with the
+tokenizer's special tokens (a Llama-style BOS first) and the EOS text appended to the completion once, conversations
+through the chat template (the row's `tools` / `chat_template_kwargs`), prompt + completion tokenized jointly and
+split where it leaves the prompt tokenized alone. The columns keep replayrl's names `prompt_input_ids` /
+`completion_input_ids` (TRL 1.16: `prompt_ids` / `completion_ids`).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from replayrl.data.preference import _apply_template, _with_eos, extract_prompt, pad, truncate_pair
+from replayrl.data.preference import extract_prompt, pad, tokenize_prompt_completions, truncate_pair
 
 UNPAIRED_COLUMNS = ("prompt", "completion", "label")
 
@@ -34,27 +38,28 @@ def unpaired_kind(columns, name: str = "dataset") -> str:
 
 
 def unpair_rows(batch: dict[str, list]) -> dict[str, list]:
-    """Batched `datasets.map` function: paired rows -> twice as many unpaired rows (chosen True, rejected False)."""
-    out: dict[str, list] = {"prompt": [], "completion": [], "label": []}
+    """Batched `datasets.map` function: paired rows -> twice as many unpaired rows (chosen True, rejected False),
+    other columns (e.g. `tools`, `chat_template_kwargs`) copied to both."""
+    others = [key for key in batch if key not in ("prompt", "chosen", "rejected")]
+    out: dict[str, list] = {"prompt": [], "completion": [], "label": [], **{key: [] for key in others}}
     for i in range(len(batch["chosen"])):
         row = extract_prompt({key: values[i] for key, values in batch.items()})
         for side, label in (("chosen", True), ("rejected", False)):
             out["prompt"].append(row["prompt"])
             out["completion"].append(row[side])
             out["label"].append(label)
+            for key in others:
+                out[key].append(row[key])
     return out
 
 
 def tokenize_unpaired_row(example: dict, tokenizer) -> dict:
-    """prompt_input_ids, completion_input_ids (+ EOS once), label (bool). No special tokens are added to the
-    prompt (chat templates carry their own)."""
+    """prompt_input_ids, completion_input_ids (TRL 1.16's KTO ids: `tokenize_prompt_completions`), label (bool)."""
     label = example["label"]
     if not isinstance(label, bool) and label not in (0, 1):
         raise ValueError(f"label must be a bool (True = desirable), got {label!r}")
-    prompt_text, completion_text = _apply_template(tokenizer, example["prompt"], example["completion"])
-    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    completion = _with_eos(encode(completion_text), tokenizer.eos_token_id)
-    return {"prompt_input_ids": encode(prompt_text), "completion_input_ids": completion, "label": bool(label)}
+    ids = tokenize_prompt_completions(example, tokenizer, ("completion",))
+    return {"prompt_input_ids": ids["prompt_ids"], "completion_input_ids": ids["completion_ids"], "label": bool(label)}
 
 
 class UnpairedDataCollator:

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
 PAD, EOS, IM_START, IM_END = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+BOS = "<s>"  # only in build_tokenizer(bos=True)
 SPECIAL_TOKENS = [PAD, EOS, IM_START, IM_END]
 CHARS = string.ascii_letters + string.digits + string.punctuation + " \n\t"
 # Qwen2's pre-tokenizer split; copied so the saved tokenizer.json matches what Qwen2Tokenizer rebuilds on load.
@@ -35,8 +36,11 @@ def _byte_level(char: str) -> str:
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(char)[0][0]
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
+def build_tokenizer(bos: bool = False) -> PreTrainedTokenizerFast:
     """Character-level tokenizer (~100 ids) with a ChatML template; decode(encode(text)) == text for ASCII text.
+
+    `bos=True`: a Llama-style variant, in memory only (saved, it would reload as Qwen2Tokenizer without it): a BOS
+    `<s>` (the last id) that `tokenizer(text)` puts first and the chat template starts with, the same ids otherwise.
 
     It is a byte-level BPE with an empty merge list (so one token per character) using Qwen2's exact pipeline.
     Why not WordLevel: transformers 5 loads any `model_type="qwen2"` checkpoint with Qwen2Tokenizer, which
@@ -55,13 +59,19 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     backend.decoder = decoders.ByteLevel()
     # Registered as added tokens so "<|im_start|>" in text maps to one id instead of 12 characters.
     backend.add_special_tokens(SPECIAL_TOKENS)
+    if bos:
+        backend.add_special_tokens([BOS])
+        special = [(BOS, backend.token_to_id(BOS))]
+        backend.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B",
+                                                               special_tokens=special)  # fmt: skip
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
+        bos_token=BOS if bos else None,
         pad_token=PAD,
         eos_token=EOS,
         additional_special_tokens=[IM_START, IM_END],
         padding_side="left",
-        chat_template=CHAT_TEMPLATE,
+        chat_template="{{ bos_token }}" + CHAT_TEMPLATE if bos else CHAT_TEMPLATE,
         model_max_length=512,
         clean_up_tokenization_spaces=False,
     )
