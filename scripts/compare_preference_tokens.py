@@ -62,7 +62,7 @@ def tokenizers(path: str | None) -> dict:
 
     from replayrl.models.tiny import build_tokenizer
 
-    out = {"tiny_no_bos": build_tokenizer(), "tiny_bos": build_tokenizer(bos=True)}
+    out = {"tiny_no_bos": build_tokenizer(), "tiny_bos": build_tokenizer(bos=True), "bpe_bos": merging_tokenizer()}
     if path:
         from transformers import AutoTokenizer
 
@@ -76,6 +76,30 @@ def tokenizers(path: str | None) -> dict:
         with_bos.chat_template = "{{ bos_token }}" + with_bos.chat_template
         out["local_bos"] = with_bos
     return out
+
+
+def merging_tokenizer():
+    """A Llama-style byte-level BPE with real merges (trained here, deterministically, on the rows' own text), so
+    tokens merge across the prompt/completion boundary ("\n" + "\n" -> "\n\n", " h" + "i" ...): BOS `<s>` first,
+    EOS `</s>`, a chat template starting with the BOS."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from replayrl.models.tiny import CHAT_TEMPLATE
+
+    corpus = [json.dumps(rows) for rows in datasets().values()] * 20 + ["Hello\n\nthere hi hi\n\nA: 4"] * 50
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)  # fmt: skip
+    backend.train_from_iterator(corpus, trainer=trainer)
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", backend.token_to_id("<s>"))]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+                                   chat_template="{{ bos_token }}" + CHAT_TEMPLATE)  # fmt: skip
 
 
 def _ids(dataset, columns) -> list[dict]:
