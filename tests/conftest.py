@@ -22,6 +22,12 @@ def tokenizer():
     return build_tokenizer()
 
 
+@pytest.fixture(scope="session")
+def bos_tokenizer():
+    """The tiny tokenizer, Llama-style: `<s>` (id 101) first in `tokenizer(text)` and in the chat template."""
+    return build_tokenizer(bos=True)
+
+
 @pytest.fixture
 def model(tokenizer):
     return build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
