@@ -118,3 +118,34 @@ def test_dataset_kind_names_the_columns():
         dataset_kind(PRE)  # the DPO trainer does not take the reward trainer's columns
     with pytest.raises(ValueError, match=r"train_dataset is not a preference dataset: it has columns \['text'\]"):
         dataset_kind(["text"], "train_dataset")
+
+
+def test_prompt_not_a_prefix_of_prompt_plus_completion_splits_where_they_diverge(tokenizer, monkeypatch, caplog):
+    """As TRL 1.16: a template whose generation prompt ("A:T") differs from what the full conversation renders
+    ("A:" + reply) -> the prompt ids stop at the divergence (the "T" is left out), the completion starts there, and
+    TRL 1.16's warning is logged once."""
+    from replayrl.data import preference
+
+    template = ("{% for m in messages %}{{ m['role'][0] + ':' + m['content'] + '\n' }}{% endfor %}"
+                "{% if add_generation_prompt %}{{ 'a:T' }}{% endif %}")  # fmt: skip
+    monkeypatch.setattr(tokenizer, "chat_template", template)
+    monkeypatch.setattr(preference, "_warned_prompt_split", False)
+    row = {"prompt": [chat("user", "q")], "chosen": [chat("assistant", "yes")], "rejected": [chat("assistant", "no")]}
+    with caplog.at_level("WARNING", logger="replayrl.data.preference"):
+        out = tokenize_dpo_row(row, tokenizer)
+        tokenize_dpo_row(row, tokenizer)
+    assert tokenizer.decode(out["prompt_ids"]) == "u:q\na:"
+    assert tokenizer.decode(out["chosen_ids"]) == "yes\n"
+    assert tokenizer.decode(out["rejected_ids"]) == "no\n"
+    warnings = [r for r in caplog.records if "not a prefix" in r.getMessage()]
+    assert len(warnings) == 1 and "'T'" in warnings[0].getMessage()
+
+
+def test_text_prompt_and_completion_are_tokenized_jointly_with_special_tokens(bos_tokenizer):
+    """A BOS tokenizer: the prompt gets it (TRL 1.16's `tokenizer(text)`), the completion is the rest + EOS once."""
+    out = tokenize_dpo_row({"prompt": "1+2=", "chosen": "3", "rejected": "4<|endoftext|>"}, bos_tokenizer)
+    bos, eos = bos_tokenizer.bos_token_id, bos_tokenizer.eos_token_id
+    assert out["prompt_ids"] == [bos, *bos_tokenizer("1+2=", add_special_tokens=False).input_ids]
+    assert (out["chosen_ids"], out["rejected_ids"]) == ([59, eos], [60, eos])
+    reward = tokenize_reward_row({"prompt": "1+2=", "chosen": "3", "rejected": "4"}, bos_tokenizer, append_eos=True)
+    assert reward["chosen_ids"] == out["prompt_ids"] + [59, eos]
