@@ -48,9 +48,16 @@ def prompts_to_text(tokenizer, prompts: list, chat_template_kwargs: dict | None 
     ]
 
 
-def tokenize_prompts(tokenizer, texts: list[str], max_prompt_length: int | None) -> tuple[Tensor, Tensor]:
-    """Left-padded ids and mask (N, P); long prompts keep their last `max_prompt_length` tokens."""
-    enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+def tokenize_prompts(
+    tokenizer, texts: list[str], max_prompt_length: int | None, add_special_tokens: bool = False
+) -> tuple[Tensor, Tensor]:
+    """Left-padded ids and mask (N, P); long prompts keep their last `max_prompt_length` tokens.
+    `add_special_tokens`: True for plain-text prompts, which TRL 1.16 (GRPO, RLOO, distillation) tokenizes with the
+    tokenizer's special tokens (a Llama-style BOS first; nothing for Qwen); False for chat-template renderings
+    (`prompts_to_text`), which carry the template's own (TRL 1.16 tokenizes them in `apply_chat_template`)."""
+    enc = tokenizer(
+        texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=add_special_tokens
+    )
     ids, mask = enc["input_ids"], enc["attention_mask"]
     if max_prompt_length is not None and ids.shape[1] > max_prompt_length:
         ids, mask = ids[:, -max_prompt_length:], mask[:, -max_prompt_length:]

@@ -24,7 +24,7 @@ from replayrl.accumulation import OwnLossScalingMixin
 from replayrl.algos.distillation import chunked_generalized_jsd
 from replayrl.algos.logprobs import default_chunk_size
 from replayrl.checkpoints import SafeCheckpointsMixin
-from replayrl.data.prompts import prompts_to_text, tokenize_prompts
+from replayrl.data.prompts import is_conversational, prompts_to_text, tokenize_prompts
 from replayrl.distillation.config import DistillationConfig
 from replayrl.generation import build_backend
 from replayrl.generation.hf import build_generation_config
@@ -156,8 +156,10 @@ class DistillationTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetrics
     def _generate(self, rows: list[dict]) -> dict[str, Tensor]:
         """``prompt_ids, prompt_mask`` (N, P) left-padded, ``completion_ids, completion_mask`` (N, C)."""
         device = self.accelerator.device
-        texts = prompts_to_text(self.processing_class, [r["prompt"] for r in rows], self.args.chat_template_kwargs)
-        prompt_ids, prompt_mask = tokenize_prompts(self.processing_class, texts, None)
+        prompts = [r["prompt"] for r in rows]
+        texts = prompts_to_text(self.processing_class, prompts, self.args.chat_template_kwargs)
+        text_prompts = not is_conversational(prompts[0])  # TRL 1.16: text gets the special tokens (a BOS)
+        prompt_ids, prompt_mask = tokenize_prompts(self.processing_class, texts, None, text_prompts)
         if self._synced_step != self.state.global_step:  # vLLM: once per optimizer step (a no-op for generate)
             self.generator.sync_weights(self.accelerator.unwrap_model(self.model))
             self._synced_step = self.state.global_step

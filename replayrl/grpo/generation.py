@@ -34,10 +34,13 @@ class Generated:
     extra: dict = field(default_factory=dict)
 
 
-def generate_batch(trainer, texts: list[str], mode: str) -> Generated:
-    """Tokenize the prompt texts and sample one completion per row with the generation backend (+ tool calls)."""
+def generate_batch(trainer, texts: list[str], mode: str, add_special_tokens: bool = False) -> Generated:
+    """Tokenize the prompt texts (plain-text prompts with the tokenizer's special tokens, `tokenize_prompts`) and
+    sample one completion per row with the generation backend (+ tool calls)."""
     device = trainer.accelerator.device
-    prompt_ids, prompt_mask = tokenize_prompts(trainer.processing_class, texts, trainer.args.max_prompt_length)
+    prompt_ids, prompt_mask = tokenize_prompts(
+        trainer.processing_class, texts, trainer.args.max_prompt_length, add_special_tokens
+    )
     prompt_ids, prompt_mask = trainer._pad_to_multiple(prompt_ids, prompt_mask, "left")
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     start = time.perf_counter()

@@ -270,7 +270,7 @@ class GRPOTrainer(
             gen = run_rollout_func(self, prompts, mode)
             columns.update(gen.extra)
         else:
-            gen = generate_batch(self, texts, mode)
+            gen = generate_batch(self, texts, mode, add_special_tokens=not is_conversational(prompts[0]))
         prompt_ids, prompt_mask, truncated = gen.prompt_ids, gen.prompt_mask, gen.truncated
         completion_ids, completion_mask, messages = gen.completion_ids, gen.completion_mask, gen.messages
 

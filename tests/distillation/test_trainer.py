@@ -102,3 +102,15 @@ def test_exact_resume(tokenizer, tmp_path):
     for x, y in full_and_resumed_logs(run, tmp_path):
         for k in ("loss", "grad_norm", "completions/mean_length"):
             assert y[k] == pytest.approx(x[k], rel=1e-4, abs=1e-6), (x["step"], k)
+
+
+def test_text_prompts_get_the_tokenizers_bos_as_trl(bos_tokenizer, tmp_path):
+    """TRL 1.16's distillation tokenizes plain-text prompts with the tokenizer's special tokens: a Llama-style BOS
+    (`<s>` = 101) first; a conversation carries the chat template's own, once."""
+    trainer = make(bos_tokenizer, tmp_path)
+    out = trainer._generate([{"prompt": "1+2="}, {"prompt": "Hi"}])
+    rows = [ids[mask.bool()].tolist() for ids, mask in zip(out["prompt_ids"], out["prompt_mask"])]
+    assert rows == [[101, 57, 76, 58, 84], [101, 37, 12]]
+    chat = trainer._generate([{"prompt": [{"role": "user", "content": "q"}]}] * 2)
+    ids = chat["prompt_ids"][0][chat["prompt_mask"][0].bool()].tolist()
+    assert ids[0] == 101 and ids.count(101) == 1
