@@ -1,7 +1,8 @@
 """Do replayrl's preference trainers prepare the same token ids as TRL 1.16's for the same rows?
 
 Builds each trainer (DPO, reward, KTO) with replayrl and with TRL 1.16 (in benchmarks/.venv-trl, a subprocess
-printing JSON) on the same rows and tokenizer, and compares the prepared datasets' id columns row by row.
+printing JSON) on the same rows and tokenizer, and compares the prepared datasets' id columns row by row; also GRPO's
+prompt ids (TRL 1.16's `GRPOTrainer._tokenize_prompts` against the tokenization replayrl's GRPO generation step uses).
 Tokenizers: the tiny character tokenizer without a BOS (Qwen-style) and with one (Llama-style: `tokenizer(text)`
 puts `<s>` first, the chat template starts with it); with `--tokenizer PATH` (a local tokenizer folder, e.g. a Qwen2.5
 one with real merges), that tokenizer and a BOS variant of it too. Rows: text and conversational, explicit and
@@ -126,11 +127,20 @@ def prepare_replayrl(tokenizer, rows: dict, out_dir: str) -> dict:
                            train_dataset=Dataset.from_dict(rows), processing_class=tokenizer)  # fmt: skip
     kto_rows = [{"prompt_ids": r["prompt_input_ids"], "completion_ids": r["completion_input_ids"]}
                 for r in _ids(kto.train_dataset, ["prompt_input_ids", "completion_input_ids"])]  # fmt: skip
-    return {
+    out = {
         "dpo": _ids(dpo.train_dataset, ["prompt_ids", "chosen_ids", "rejected_ids"]),
         "reward": _ids(reward.train_dataset, ["chosen_ids", "rejected_ids"]),
         "kto": sorted(kto_rows, key=json.dumps),  # the unpaired rows' order differs (TRL: all chosen, then rejected)
     }
+    if "prompt" in rows:  # GRPO's prompt ids, as its generation step tokenizes them (grpo/trainer.py)
+        from replayrl.data.prompts import is_conversational, prompts_to_text, tokenize_prompts
+
+        prompts = rows["prompt"]
+        ids, mask = tokenize_prompts(
+            tokenizer, prompts_to_text(tokenizer, prompts), None, not is_conversational(prompts[0])
+        )
+        out["grpo"] = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+    return out
 
 
 def prepare_trl(tokenizer, rows: dict, out_dir: str) -> dict:
@@ -148,11 +158,21 @@ def prepare_trl(tokenizer, rows: dict, out_dir: str) -> dict:
     reward_model = build_tiny_sequence_classifier(tokenizer)
     reward = RewardTrainer(reward_model, args=RewardConfig(**common), train_dataset=Dataset.from_dict(rows),
                            processing_class=tokenizer)  # fmt: skip
-    return {
+    out = {
         "dpo": _ids(dpo.train_dataset, ["prompt_ids", "chosen_ids", "rejected_ids"]),
         "reward": _ids(reward.train_dataset, ["chosen_ids", "rejected_ids"]),
         "kto": sorted(_ids(kto.train_dataset, ["prompt_ids", "completion_ids"]), key=json.dumps),
     }
+    if "prompt" in rows:  # GRPO's prompt ids: TRL 1.16's GRPOTrainer._tokenize_prompts
+        from trl import GRPOConfig, GRPOTrainer
+
+        settings = {k: v for k, v in common.items() if k != "max_length"}
+        grpo_args = GRPOConfig(per_device_train_batch_size=2, num_generations=2, **settings)
+        prompts = Dataset.from_dict({"prompt": rows["prompt"]})
+        grpo = GRPOTrainer(model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=grpo_args,
+                           train_dataset=prompts, processing_class=tokenizer)  # fmt: skip
+        out["grpo"] = [list(ids) for ids in grpo._tokenize_prompts(rows["prompt"])[0]]
+    return out
 
 
 def prepare_all(side: str, path: str | None) -> dict:
