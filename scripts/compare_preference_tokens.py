@@ -125,8 +125,7 @@ def prepare_replayrl(tokenizer, rows: dict, out_dir: str) -> dict:
     reward_model = build_tiny_sequence_classifier(tokenizer)
     reward = RewardTrainer(reward_model, args=RewardConfig(append_eos=True, **common),
                            train_dataset=Dataset.from_dict(rows), processing_class=tokenizer)  # fmt: skip
-    kto_rows = [{"prompt_ids": r["prompt_input_ids"], "completion_ids": r["completion_input_ids"]}
-                for r in _ids(kto.train_dataset, ["prompt_input_ids", "completion_input_ids"])]  # fmt: skip
+    kto_rows = _ids(kto.train_dataset, ["prompt_ids", "completion_ids"])
     out = {
         "dpo": _ids(dpo.train_dataset, ["prompt_ids", "chosen_ids", "rejected_ids"]),
         "reward": _ids(reward.train_dataset, ["chosen_ids", "rejected_ids"]),

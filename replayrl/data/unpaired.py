@@ -7,8 +7,10 @@ Accepted rows (TRL's formats), standard (strings) or conversational (lists of me
 Token ids are TRL 1.16's KTO ids (`replayrl.data.preference.tokenize_prompt_completions`, as DPO's): text with the
 tokenizer's special tokens (a Llama-style BOS first) and the EOS text appended to the completion once, conversations
 through the chat template (the row's `tools` / `chat_template_kwargs`), prompt + completion tokenized jointly and
-split where it leaves the prompt tokenized alone. The columns keep replayrl's names `prompt_input_ids` /
-`completion_input_ids` (TRL 1.16: `prompt_ids` / `completion_ids`).
+split where it leaves the prompt tokenized alone. The prepared columns are TRL 1.16's: the rows' own columns plus
+`prompt_ids` / `completion_ids` (no masks: the collator builds them) and `label`. Rows already in that layout
+(`prompt_ids`, `completion_ids`, `label`) are taken as tokenized; replayrl's earlier names `prompt_input_ids` /
+`completion_input_ids` are renamed to them (`rename_old_kto_columns`).
 """
 
 from __future__ import annotations
@@ -17,14 +19,27 @@ import torch
 from torch import Tensor
 
 from replayrl.data.preference import extract_prompt, pad, tokenize_prompt_completions, truncate_pair
+from replayrl.data.streaming import column_names
 
 UNPAIRED_COLUMNS = ("prompt", "completion", "label")
+KTO_COLUMNS = ("prompt_ids", "completion_ids")  # TRL 1.16's prepared KTO ids
+OLD_KTO_COLUMNS = {"prompt_input_ids": "prompt_ids", "completion_input_ids": "completion_ids"}  # replayrl's earlier
+
+
+def rename_old_kto_columns(dataset):
+    """replayrl's earlier pre-tokenized KTO columns `prompt_input_ids`/`completion_input_ids` -> TRL 1.16's
+    `prompt_ids`/`completion_ids` (a dataset that already has TRL 1.16's is left as it is)."""
+    columns = set(column_names(dataset))
+    if set(OLD_KTO_COLUMNS) <= columns and not set(KTO_COLUMNS) & columns:
+        return dataset.rename_columns(OLD_KTO_COLUMNS)
+    return dataset
 
 
 def unpaired_kind(columns, name: str = "dataset") -> str:
-    """'unpaired', 'paired' (chosen/rejected) or 'tokenized' (our own columns); else a ValueError naming the fix."""
+    """'unpaired', 'paired' (chosen/rejected) or 'tokenized' (TRL 1.16's `prompt_ids`/`completion_ids` + `label`);
+    else a ValueError naming the fix. Old column names are renamed before (`rename_old_kto_columns`)."""
     columns = set(columns)
-    if {"prompt_input_ids", "completion_input_ids", "label"} <= columns:
+    if {*KTO_COLUMNS, "label"} <= columns:
         return "tokenized"
     if set(UNPAIRED_COLUMNS) <= columns:
         return "unpaired"
@@ -32,7 +47,8 @@ def unpaired_kind(columns, name: str = "dataset") -> str:
         return "paired"
     raise ValueError(
         f"{name} is not a KTO dataset: it has columns {sorted(columns)}, expected 'prompt', 'completion' and "
-        "'label' (True = desirable), or preference pairs 'chosen'/'rejected' (optionally 'prompt'). Rename your "
+        "'label' (True = desirable), preference pairs 'chosen'/'rejected' (optionally 'prompt'), or the pre-tokenized "
+        "'prompt_ids'/'completion_ids' with 'label'. Rename your "
         "columns, e.g. dataset.rename_column('thumbs_up', 'label')."
     )
 
@@ -54,24 +70,27 @@ def unpair_rows(batch: dict[str, list]) -> dict[str, list]:
 
 
 def tokenize_unpaired_row(example: dict, tokenizer) -> dict:
-    """prompt_input_ids, completion_input_ids (TRL 1.16's KTO ids: `tokenize_prompt_completions`), label (bool)."""
+    """TRL 1.16's KTO columns `prompt_ids`, `completion_ids` (`tokenize_prompt_completions`) and `label` (bool);
+    as a `datasets.map` function the row's other columns are kept."""
     label = example["label"]
     if not isinstance(label, bool) and label not in (0, 1):
         raise ValueError(f"label must be a bool (True = desirable), got {label!r}")
     ids = tokenize_prompt_completions(example, tokenizer, ("completion",))
-    return {"prompt_input_ids": ids["prompt_ids"], "completion_input_ids": ids["completion_ids"], "label": bool(label)}
+    return {"prompt_ids": ids["prompt_ids"], "completion_ids": ids["completion_ids"], "label": bool(label)}
 
 
 class UnpairedDataCollator:
-    """Tokenized rows -> ``input_ids``, ``attention_mask``, ``completion_mask`` (B, L) right-padded, each row
-    prompt + completion cut to `max_length` from the end (keep_start), and ``label`` (B,) bool."""
+    """Tokenized rows (TRL 1.16's `prompt_ids`, `completion_ids`, `label`) -> ``input_ids``, ``attention_mask``,
+    ``completion_mask`` (B, L) right-padded, each row prompt + completion cut to `max_length` from the end
+    (keep_start), and ``label`` (B,) bool: TRL 1.16's `DataCollatorForUnpairedPreference` batch, without its
+    `KL_*` tensors (the mismatched pairs are built per optimizer step by the trainer)."""
 
     def __init__(self, pad_token_id: int, max_length: int | None = None, pad_to_multiple_of: int | None = None):
         self.pad_token_id, self.max_length, self.pad_to_multiple_of = pad_token_id, max_length, pad_to_multiple_of
 
     def __call__(self, features: list[dict]) -> dict[str, Tensor]:
         pairs = [
-            truncate_pair(list(f["prompt_input_ids"]), list(f["completion_input_ids"]), self.max_length, "keep_start")
+            truncate_pair(list(f["prompt_ids"]), list(f["completion_ids"]), self.max_length, "keep_start")
             for f in features
         ]
         batch = rows_from_pairs(pairs, self.pad_token_id, self.pad_to_multiple_of)

@@ -24,9 +24,11 @@ from replayrl.accumulation import OwnLossScalingMixin
 from replayrl.algos.kto import kto_loss_entry, kto_losses, kto_reference_point, mismatched_partners
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.preference import truncate_pair
-from replayrl.data.streaming import check_train_dataset
+from replayrl.data.streaming import column_names, map_options, prepare_streaming_training
 from replayrl.data.unpaired import (
+    KTO_COLUMNS,
     UnpairedDataCollator,
+    rename_old_kto_columns,
     rows_from_pairs,
     split_rows,
     tokenize_unpaired_row,
@@ -63,7 +65,7 @@ class KTOTrainer(ReferenceModelMixin, OwnLossScalingMixin, SafeCheckpointsMixin,
         peft_config=None,
     ):
         args = args if args is not None else KTOConfig(output_dir=f"{model_id(model).split('/')[-1]}-KTO")
-        check_train_dataset(train_dataset, "KTOTrainer")
+        prepare_streaming_training(args, train_dataset, "KTOTrainer")
         if quantization_config is not None:
             raise ValueError("quantization_config is not supported by replayrl's KTO; pass None (load in full).")
         if ref_model is not None and ref_model is model and not isinstance(model, str):
@@ -125,24 +127,25 @@ class KTOTrainer(ReferenceModelMixin, OwnLossScalingMixin, SafeCheckpointsMixin,
 
     @staticmethod
     def _tokenize(dataset, name: str, tokenizer, args: KTOConfig):
+        """TRL 1.16's prepared layout: the rows' columns (pairs unpaired into `prompt`, `completion`, `label`) plus
+        `prompt_ids`, `completion_ids` and `label` (bool). A dataset that already has `prompt_ids`, `completion_ids`,
+        `label` (or replayrl's earlier `prompt_input_ids`/`completion_input_ids`, renamed) is taken as tokenized;
+        then rows whose prompt alone fills `max_length` are dropped (no completion token left to learn from)."""
         if dataset is None:
             return None
         if isinstance(dataset, dict):
             return {k: KTOTrainer._tokenize(v, f"{name}[{k!r}]", tokenizer, args) for k, v in dataset.items()}
-        kind = unpaired_kind(dataset.column_names, name)
-        if kind == "tokenized":
-            return dataset
+        dataset = rename_old_kto_columns(dataset)
+        kind = unpaired_kind(column_names(dataset), name)
         if kind == "paired":
-            dataset = dataset.map(unpair_rows, batched=True, remove_columns=dataset.column_names, desc="Unpairing")
-        dataset = dataset.map(
-            tokenize_unpaired_row,
-            fn_kwargs={"tokenizer": tokenizer},
-            remove_columns=dataset.column_names,
-            num_proc=args.dataset_num_proc,
-            desc=f"Tokenizing {name}",
-        )
-        if args.max_length is not None:  # a prompt filling max_length leaves no completion token to learn from
-            dataset = dataset.filter(lambda row: len(row["prompt_input_ids"]) < args.max_length)
+            options = map_options(dataset, None, f"Unpairing {name}")
+            dataset = dataset.map(unpair_rows, batched=True, remove_columns=column_names(dataset), **options)
+        if kind != "tokenized":
+            options = map_options(dataset, args.dataset_num_proc, f"Tokenizing {name}")
+            dataset = dataset.map(tokenize_unpaired_row, fn_kwargs={"tokenizer": tokenizer}, **options)
+        if args.max_length is not None:
+            limit = args.max_length
+            dataset = dataset.filter(lambda row: len(row["prompt_ids"]) < limit)
         return dataset
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
@@ -152,8 +155,10 @@ class KTOTrainer(ReferenceModelMixin, OwnLossScalingMixin, SafeCheckpointsMixin,
         return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
 
     def _set_signature_columns_if_needed(self):
-        if self._signature_columns is None:  # the collator's inputs, not the model's forward arguments
-            self._signature_columns = ["prompt_input_ids", "completion_input_ids", "label"]
+        """The columns `remove_unused_columns=True` keeps: the collator's inputs (TRL 1.16's names), not the model's
+        forward arguments."""
+        if self._signature_columns is None:
+            self._signature_columns = [*KTO_COLUMNS, "label"]
 
     # ----------------------------------------------------------------------------------------- KL estimate
     def get_batch_samples(self, epoch_iterator, num_batches, device):

@@ -29,11 +29,11 @@ def test_unpair_splits_each_pair_into_two_labelled_rows():
 def test_tokenize_collate_split_round_trip(tokenizer):
     rows = [tokenize_unpaired_row({"prompt": p, "completion": c, "label": lab}, tokenizer)
             for p, c, lab in [("1+1=", "2", True), ("10+10=", "21", False)]]  # fmt: skip
-    assert rows[0]["completion_input_ids"][-1] == tokenizer.eos_token_id
+    assert rows[0]["completion_ids"][-1] == tokenizer.eos_token_id
     batch = UnpairedDataCollator(tokenizer.pad_token_id)(rows)
     assert batch["label"].tolist() == [True, False]
     assert batch["completion_mask"].sum(1).tolist() == [2, 3]  # completion + EOS
-    assert split_rows(batch) == [(r["prompt_input_ids"], r["completion_input_ids"]) for r in rows]
+    assert split_rows(batch) == [(r["prompt_ids"], r["completion_ids"]) for r in rows]
     cut = UnpairedDataCollator(tokenizer.pad_token_id, max_length=7, pad_to_multiple_of=4)(rows)
     assert cut["input_ids"].shape[1] == 8 and cut["attention_mask"].sum(1).tolist() == [6, 7]
     with pytest.raises(ValueError, match="label must be a bool"):

@@ -26,8 +26,8 @@ def prepared(tokenizer, rows: dict, tmp_path) -> Dataset:
 def test_text_prompt_starts_with_bos_and_completion_ends_with_eos(bos_tokenizer, tmp_path):
     rows = {"prompt": ["1+2="] * 2, "completion": ["3", "4<|endoftext|>"], "label": [True, False]}
     data = prepared(bos_tokenizer, rows, tmp_path)
-    assert data["prompt_input_ids"] == [[BOS, *ONE_PLUS_TWO]] * 2
-    assert data["completion_input_ids"] == [[59, EOS], [60, EOS]]  # EOS once
+    assert data["prompt_ids"] == [[BOS, *ONE_PLUS_TWO]] * 2
+    assert data["completion_ids"] == [[59, EOS], [60, EOS]]  # EOS once
 
 
 def test_conversation_takes_the_templates_bos_once_and_no_eos(bos_tokenizer, tmp_path):
@@ -35,5 +35,5 @@ def test_conversation_takes_the_templates_bos_once_and_no_eos(bos_tokenizer, tmp
     rows = {"prompt": [prompt] * 2, "completion": [[{"role": "assistant", "content": "yes"}]] * 2,
             "label": [True, False]}  # fmt: skip
     row = prepared(bos_tokenizer, rows, tmp_path)[0]
-    assert row["prompt_input_ids"] == [BOS, IM_START, *USER, NL, *Q, IM_END, NL, IM_START, *ASSISTANT, NL]
-    assert row["completion_input_ids"] == [*YES, IM_END, NL]
+    assert row["prompt_ids"] == [BOS, IM_START, *USER, NL, *Q, IM_END, NL, IM_START, *ASSISTANT, NL]
+    assert row["completion_ids"] == [*YES, IM_END, NL]
