@@ -82,20 +82,43 @@ def tokenize_unpaired_row(example: dict, tokenizer) -> dict:
 class UnpairedDataCollator:
     """Tokenized rows (TRL 1.16's `prompt_ids`, `completion_ids`, `label`) -> ``input_ids``, ``attention_mask``,
     ``completion_mask`` (B, L) right-padded, each row prompt + completion cut to `max_length` from the end
-    (keep_start), and ``label`` (B,) bool: TRL 1.16's `DataCollatorForUnpairedPreference` batch, without its
-    `KL_*` tensors (the mismatched pairs are built per optimizer step by the trainer)."""
+    (keep_start), and ``label`` (B,) bool: TRL 1.16's `DataCollatorForUnpairedPreference` batch. Rows carrying
+    TRL's `KL_completion_ids` (each prompt with another row's completion) get the same three tensors for those
+    under ``KL_input_ids``, ``KL_attention_mask``, ``KL_completion_mask``, and `ref_logps` / `ref_KL_logps` become
+    (B,) tensors, as TRL's; replayrl's trainer reads neither (it builds its mismatched pairs per optimizer step)."""
 
     def __init__(self, pad_token_id: int, max_length: int | None = None, pad_to_multiple_of: int | None = None):
         self.pad_token_id, self.max_length, self.pad_to_multiple_of = pad_token_id, max_length, pad_to_multiple_of
 
     def __call__(self, features: list[dict]) -> dict[str, Tensor]:
-        pairs = [
-            truncate_pair(list(f["prompt_ids"]), list(f["completion_ids"]), self.max_length, "keep_start")
-            for f in features
-        ]
-        batch = rows_from_pairs(pairs, self.pad_token_id, self.pad_to_multiple_of)
+        batch: dict[str, Tensor] = {}
+        for prefix, key in (("", "completion_ids"), ("KL_", "KL_completion_ids")):
+            if key in features[0]:
+                pairs = [truncate_pair(list(f["prompt_ids"]), list(f[key]), self.max_length, "keep_start")
+                         for f in features]  # fmt: skip
+                rows = rows_from_pairs(pairs, self.pad_token_id, self.pad_to_multiple_of)
+                batch.update({prefix + name: value for name, value in rows.items()})
+        for key in ("ref_logps", "ref_KL_logps"):
+            if key in features[0]:
+                batch[key] = torch.tensor([float(f[key]) for f in features])
         batch["label"] = torch.tensor([bool(f["label"]) for f in features])
         return batch
+
+
+class DataCollatorForUnpairedPreference(UnpairedDataCollator):
+    """TRL 1.16's KTO collator under its name and signature (`trl.trainer.kto_trainer`'s, for code written against
+    it): the batch of `UnpairedDataCollator`, which `KTOTrainer` uses by default."""
+
+    def __init__(
+        self,
+        pad_token_id: int,
+        max_length: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        return_tensors: str = "pt",
+    ):
+        if return_tensors != "pt":
+            raise ValueError(f"return_tensors={return_tensors!r}: only 'pt' is supported (as TRL 1.16); pass 'pt'.")
+        super().__init__(pad_token_id, max_length, pad_to_multiple_of)
 
 
 def rows_from_pairs(pairs: list[tuple[list[int], list[int]]], pad_token_id: int, multiple: int | None = None) -> dict:

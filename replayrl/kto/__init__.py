@@ -2,6 +2,10 @@
 
 from replayrl._lazy import lazy_exports
 
-_EXPORTS = {"KTOConfig": "replayrl.kto.config", "KTOTrainer": "replayrl.kto.trainer"}
+_EXPORTS = {
+    "DataCollatorForUnpairedPreference": "replayrl.data.unpaired",
+    "KTOConfig": "replayrl.kto.config",
+    "KTOTrainer": "replayrl.kto.trainer",
+}
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -38,3 +38,25 @@ def test_tokenize_collate_split_round_trip(tokenizer):
     assert cut["input_ids"].shape[1] == 8 and cut["attention_mask"].sum(1).tolist() == [6, 7]
     with pytest.raises(ValueError, match="label must be a bool"):
         tokenize_unpaired_row({"prompt": "a", "completion": "b", "label": "yes"}, tokenizer)
+
+
+def test_trls_collator_name_gives_trls_docstring_batches():
+    """TRL 1.16's `DataCollatorForUnpairedPreference` docstring examples, values copied from it."""
+    from replayrl.kto import DataCollatorForUnpairedPreference
+
+    collator = DataCollatorForUnpairedPreference(pad_token_id=0)
+    rows = [{"prompt_ids": [1, 2, 3], "completion_ids": [4, 5], "label": True},
+            {"prompt_ids": [7, 8], "completion_ids": [9], "label": False}]  # fmt: skip
+    batch = collator(rows)
+    assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 5], [7, 8, 9, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
+    assert batch["completion_mask"].tolist() == [[0, 0, 0, 1, 1], [0, 0, 1, 0, 0]]
+    assert batch["label"].tolist() == [True, False] and not any(k.startswith("KL_") for k in batch)
+    rows[0]["KL_completion_ids"], rows[1]["KL_completion_ids"] = [6], [10, 11]
+    batch = collator(rows)
+    assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 5], [7, 8, 9, 0, 0]]
+    assert batch["KL_input_ids"].tolist() == [[1, 2, 3, 6], [7, 8, 10, 11]]
+    assert batch["KL_attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 1, 1]]
+    assert batch["KL_completion_mask"].tolist() == [[0, 0, 0, 1], [0, 0, 1, 1]]
+    with pytest.raises(ValueError, match="only 'pt'"):
+        DataCollatorForUnpairedPreference(0, return_tensors="np")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-from replayrl.kto import KTOTrainer
+from replayrl.kto import DataCollatorForUnpairedPreference, KTOTrainer
 from replayrl.models.tiny import build_tiny_model
 from replayrl.tasks.preferences import preference_datasets
 from tests.kto.test_trainer import kto_args
@@ -95,5 +95,35 @@ def test_pretokenized_rows_train_as_the_same_text(tokenizer, tmp_path, names, ov
     if overrides:  # rows whose prompt fills max_length are dropped on both paths
         assert 0 < len(ids[0]) < len(rows) and max(len(p) for p in ids[0]) == 4
     assert len(got_logs) == 9 and len(set(text_logs[::3])) > 1
+    assert got_logs == pytest.approx(text_logs, abs=1e-6)
+    torch.testing.assert_close(weights, text_weights, atol=1e-6, rtol=1e-6)
+
+
+def test_a_trl_prepared_dataset_trains_with_trls_collator(tokenizer, tmp_path):
+    """Rows as TRL 1.16's KTOTrainer prepares them (the text columns, `prompt_ids`, `completion_ids`, `label` and
+    `KL_completion_ids`, each batch's completions rotated by one), kept whole (`remove_unused_columns=False`) and
+    batched by TRL's collator: the same losses and weights as the text with the default collator (replayrl builds
+    its own mismatched pairs; the `KL_*` tensors are carried, not read)."""
+    rows = unpaired(per_problem=2)
+    args = kto_args(tmp_path, max_steps=3, per_device_train_batch_size=4, remove_unused_columns=False)
+    ids = pretokenized(rows, tokenizer)
+    completions = ids["completion_ids"]
+    kl = [completions[i - 1 if i % 4 else i + 3] for i in range(len(completions))]  # TRL's rotation per batch of 4
+    trl_prepared = ids.add_column("KL_completion_ids", kl)
+    for column in ("prompt", "completion"):
+        trl_prepared = trl_prepared.add_column(column, rows[column])
+    runs = []
+    for dataset, collator in (
+        (rows, None),
+        (trl_prepared, DataCollatorForUnpairedPreference(tokenizer.pad_token_id, args.max_length)),
+    ):
+        trainer = KTOTrainer(tiny(tokenizer), ref_model=tiny(tokenizer, seed=1), args=copy.deepcopy(args),
+                             data_collator=collator, train_dataset=dataset, processing_class=tokenizer)  # fmt: skip
+        batch = next(iter(trainer.get_train_dataloader()))
+        trainer.train()
+        logs = [h[k] for h in trainer.state.log_history if "loss" in h for k in ("loss", "kl", "rewards/margins")]
+        runs.append((batch, logs, torch.cat([p.detach().flatten() for p in trainer.model.parameters()])))
+    (_, text_logs, text_weights), (batch, got_logs, weights) = runs
+    assert batch["KL_input_ids"].shape[0] == 4 and len(got_logs) == 9
     assert got_logs == pytest.approx(text_logs, abs=1e-6)
     torch.testing.assert_close(weights, text_weights, atol=1e-6, rtol=1e-6)
