@@ -48,7 +48,7 @@ def pretokenized(rows: Dataset, tokenizer, names=IDS) -> Dataset:
 
 def test_prepared_datasets_carry_trls_columns(tokenizer, tmp_path):
     """Unpaired rows keep their own columns; pairs are unpaired into prompt/completion/label; evaluate() prepares
-    a dataset passed to it the same way; a streaming dataset is prepared lazily into the same ids."""
+    a dataset passed to it the same way; a streaming dataset (text, or replayrl's old names) is prepared lazily."""
     rows, pairs = unpaired(), preference_datasets(0, per_problem=1)[1].select(range(4))
     trainer = KTOTrainer(tiny(tokenizer), args=kto_args(tmp_path, max_steps=1), train_dataset=rows,
                          eval_dataset={"a": rows.select(range(4)), "b": pairs}, processing_class=tokenizer)  # fmt: skip
@@ -67,6 +67,12 @@ def test_prepared_datasets_carry_trls_columns(tokenizer, tmp_path):
     streamed = KTOTrainer(tiny(tokenizer), args=kto_args(tmp_path, max_steps=1), processing_class=tokenizer,
                           train_dataset=rows.to_iterable_dataset())  # fmt: skip
     assert next(iter(streamed.train_dataset))["prompt_ids"] == row["prompt_ids"]
+    streamed.train()
+    assert streamed.state.global_step == 1
+    old = pretokenized(rows, tokenizer, OLD).to_iterable_dataset()  # old names, streamed: renamed lazily
+    streamed = KTOTrainer(tiny(tokenizer), args=kto_args(tmp_path, max_steps=1), processing_class=tokenizer,
+                          train_dataset=old)  # fmt: skip
+    assert set(next(iter(streamed.train_dataset))) == {*IDS, "label"}
     streamed.train()
     assert streamed.state.global_step == 1
 
