@@ -52,6 +52,7 @@ from replayrl.models.loading import (
     set_special_token,
 )
 from replayrl.models.moe import RouterAuxLossMixin
+from replayrl.models.peft_reference import add_reference_adapter
 from replayrl.models.prompt_learning import refuse_with_4d_layouts
 from replayrl.models.reference import ReferenceModelMixin, check_ref_sync
 
@@ -171,6 +172,8 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
     def _load_models(model, ref_model, args: DPOConfig, peft_config) -> tuple:
         """(policy, reference or None): loaded, PEFT-wrapped, dropout off."""
         model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
+        if peft_config is None and ref_model is None:  # TRL 1.16: a passed PeftModel's reference is its adapter
+            add_reference_adapter(model)
         model = apply_peft(model, peft_config)
         refuse_with_4d_layouts(model, "DPOTrainer", padding_free=args.padding_free)
         ref_model = DPOTrainer._build_ref_model(model, ref_model, args)

@@ -103,13 +103,17 @@ def hf_state_dict(model) -> Iterator[tuple[str, Tensor]]:
     """(name, tensor) pairs of a causal LM under the names its `save_pretrained` checkpoint uses.
 
     A PEFT model must already be merged (see `merged_adapter`): its LoRA tensors are skipped, the wrapped base layers
-    (`...q_proj.base_layer.weight`) and trained `modules_to_save` copies are renamed to the plain names.
+    (`...q_proj.base_layer.weight`) and the active adapter's `modules_to_save` copies are renamed to the plain names
+    (an inactive adapter's copies, such as the frozen `"ref"` of `models.peft_reference`, are skipped).
     """
-    base = model
+    base, active = model, []
     if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
-        base = model.get_base_model()
+        base, active = model.get_base_model(), list(model.active_adapters)
     for name, tensor in base.state_dict().items():
         if "lora_" in name or ".original_module." in name:
+            continue
+        saved = re.search(r"\.modules_to_save\.([^.]+)\.", name)
+        if saved and saved.group(1) not in active:  # another adapter's copy (the frozen "ref"): not the policy's
             continue
         name = re.sub(r"\.modules_to_save\.[^.]+\.", ".", name.replace(".base_layer.", "."))
         yield name, tensor.detach()

@@ -46,7 +46,9 @@ from replayrl.grpo.streaming import StreamingDataMixin
 from replayrl.grpo.tools import ToolCallingMixin, accepts_completion_idx, tools_by_name
 from replayrl.grpo.trl_methods import TRLMethodsMixin
 from replayrl.metrics.callback import attach_metrics_file
+from replayrl.models.attention import is_peft_model
 from replayrl.models.loading import apply_peft, disable_dropout, load_model, load_tokenizer, model_id
+from replayrl.models.peft_reference import add_reference_adapter, reference_adapter
 from replayrl.models.prompt_learning import refuse_prompt_learning
 from replayrl.models.reference import SyncRefModelCallback
 from replayrl.rewards.functions import RewardFunctions
@@ -73,6 +75,8 @@ class GRPOTrainer(
     _tag_names = ["trl", "grpo", "replayrl"]
     # TRL 1.16 refuses train_dataset=None at construction (unless an environment owns the data)
     _train_dataset_optional = False
+    # TRL 1.16 copies a passed PeftModel's adapter to a frozen "ref" adapter only when beta != 0 (RLOO: always)
+    _ref_adapter_needs_beta = True
 
     def __init__(
         self,
@@ -97,6 +101,8 @@ class GRPOTrainer(
         model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
         processing_class = load_tokenizer(processing_class, model, padding_side="left", **remote)
         self._apply_model_options(model, args)
+        if peft_config is None and (args.beta != 0.0 or not self._ref_adapter_needs_beta):
+            add_reference_adapter(model)  # TRL 1.16: a passed PeftModel's reference is its adapter as given
         model = apply_peft(model, peft_config)
         if args.use_vllm or getattr(args, "use_transformers_continuous_batching", False):
             refuse_prompt_learning(
@@ -123,7 +129,7 @@ class GRPOTrainer(
         self.reward_func_names = self.reward_funcs.names  # TRL's attributes
         self.reward_processing_classes = self.reward_funcs.processing_classes
         self.reward_weights = self.reward_funcs.weights
-        self.ref_model = self._build_ref_model(model, args, peft_config is not None)
+        self.ref_model = self._build_ref_model(model, args, is_peft_model(model))
 
         super().__init__(
             model=model,
@@ -191,8 +197,8 @@ class GRPOTrainer(
 
     @staticmethod
     def _build_ref_model(model, args: GRPOConfig, is_peft: bool) -> PreTrainedModel | None:
-        """No reference when beta == 0 (saves memory and a forward pass); PEFT uses the base model with the
-        adapter disabled; otherwise a frozen copy of the initial policy."""
+        """No reference when beta == 0 (saves memory and a forward pass); PEFT uses the policy itself (see
+        `_reference_logps`); otherwise a frozen copy of the initial policy."""
         if args.beta == 0.0 or is_peft:
             return None
         ref = copy.deepcopy(model)
@@ -352,7 +358,8 @@ class GRPOTrainer(
     def _reference_logps(self, rollout: Rollout) -> Tensor:
         if self.ref_model is not None:
             return self._token_logps(self.ref_model, rollout)[0]
-        with self.accelerator.unwrap_model(self.model).disable_adapter():  # PEFT: base model = reference
+        # PEFT: the frozen "ref" adapter of a passed PeftModel, else (peft_config) the base model
+        with reference_adapter(self.accelerator.unwrap_model(self.model)):
             return self._token_logps(self.model, rollout)[0]
 
     def _finalize_rollout(self, rollout: Rollout, scale: float = 1.0) -> Rollout:

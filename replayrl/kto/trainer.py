@@ -41,6 +41,7 @@ from replayrl.metrics.means import MeanMetricsMixin
 from replayrl.models.attention import is_peft_model
 from replayrl.models.lm_head import forward_to_head
 from replayrl.models.loading import apply_peft, disable_dropout, load_model, load_tokenizer, model_id
+from replayrl.models.peft_reference import add_reference_adapter
 from replayrl.models.reference import ReferenceModelMixin, check_ref_sync
 
 
@@ -75,6 +76,8 @@ class KTOTrainer(ReferenceModelMixin, OwnLossScalingMixin, SafeCheckpointsMixin,
         set_seed(args.seed)  # as TRL: a model or PEFT adapter built here is reproducible by the seed
         model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
         processing_class = load_tokenizer(processing_class, model, **remote)
+        if peft_config is None and ref_model is None:  # TRL 1.16: a passed PeftModel's reference is its adapter
+            add_reference_adapter(model)
         model = apply_peft(model, peft_config)
         ref_model = self._build_ref_model(model, ref_model, args)
         check_ref_sync(args, ref_model)

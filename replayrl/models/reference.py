@@ -10,6 +10,7 @@ import torch
 from transformers import TrainerCallback
 
 from replayrl.models.attention import is_peft_model
+from replayrl.models.peft_reference import reference_adapter
 
 
 class SyncRefModelCallback(TrainerCallback):
@@ -50,14 +51,15 @@ class ReferenceModelMixin:
 
     @contextmanager
     def _reference(self) -> Iterator:
-        """Yields the model that plays the reference: the ref model, the policy with its adapter disabled (PEFT),
-        or the policy itself (DPO precomputing reference log-probs before any update)."""
+        """Yields the model that plays the reference: the ref model, the PEFT policy with its frozen "ref" adapter
+        (a passed PeftModel, `models.peft_reference`) or its adapters disabled (`peft_config`), or the policy itself
+        (DPO precomputing reference log-probs before any update)."""
         if self.ref_model is not None:
             yield self.ref_model
             return
         policy = self.accelerator.unwrap_model(self.model)
         if is_peft_model(policy):
-            with policy.disable_adapter():
+            with reference_adapter(policy):
                 yield policy
         else:
             yield self.model
