@@ -164,3 +164,24 @@ def test_lora_is_merged_for_the_sync_and_unmerged_after(tmp_path, engine, vllm_m
     assert _gap(model, prompts, out, 0.7) < TOLERANCE
     assert not any(getattr(m, "merged", False) for m in model.modules()), "adapter left merged"
     assert before.shape[0] == out.completion_ids.shape[0]
+
+
+def test_a_passed_adapter_syncs_without_its_frozen_reference_copy(tmp_path, engine, vllm_untied_model_dir):
+    """A PeftModel passed already wrapped gets a frozen "ref" copy (models.peft_reference); vLLM must receive the
+    trained adapter merged, with the trained `modules_to_save` copy of lm_head, never the frozen one."""
+    from peft import LoraConfig, get_peft_model
+
+    from replayrl.models.peft_reference import add_reference_adapter
+
+    base, tokenizer = _load(vllm_untied_model_dir)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"])
+    model = get_peft_model(base, config)
+    add_reference_adapter(model)
+    prompts = _prompts(tokenizer)
+    backend = engine(_args(tmp_path), model, tokenizer)
+    _train(model, tokenizer, lr=5e-2)
+    stale = _gap(model, prompts, backend.generate(*prompts), 0.7)
+    assert stale > 1e-2, f"training did not move the policy enough to test the sync ({stale})"
+    backend.sync_weights(model)
+    assert _gap(model, prompts, backend.generate(*prompts), 0.7) < TOLERANCE
+    assert model.active_adapter == "default"
