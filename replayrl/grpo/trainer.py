@@ -100,9 +100,9 @@ class GRPOTrainer(
         set_seed(args.seed)  # as TRL: a model or PEFT adapter built here is reproducible by the seed
         model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
         processing_class = load_tokenizer(processing_class, model, padding_side="left", **remote)
-        self._apply_model_options(model, args)
         if peft_config is None and (args.beta != 0.0 or not self._ref_adapter_needs_beta):
             add_reference_adapter(model)  # TRL 1.16: a passed PeftModel's reference is its adapter as given
+        self._apply_model_options(model, args)  # after: the copy's dropout goes off too
         model = apply_peft(model, peft_config)
         if args.use_vllm or getattr(args, "use_transformers_continuous_batching", False):
             refuse_prompt_learning(

@@ -78,7 +78,7 @@ def test_reference_adapter_restores_the_trained_adapter_and_requires_grad(tokeni
 
 
 def test_dpo_reference_is_the_passed_adapter(tokenizer, pairs, tmp_path):
-    model = pretrained_adapter(tokenizer)
+    model = pretrained_adapter(tokenizer, lora_dropout=0.5).eval()  # disable_dropout turns the copy's off too
     batch = sample(tokenizer)
     given = logits(model, batch)
     trainer = dpo(model, tokenizer, pairs, tmp_path, max_steps=3, save_strategy="steps", save_steps=3)
@@ -152,7 +152,8 @@ def test_kto_reference_is_the_passed_adapter(tokenizer, tmp_path):
     data = preference_datasets(0, per_problem=1)[0]
     args = KTOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, max_steps=2,
                      learning_rate=5e-2, **QUIET_CPU_RUN, **EXACT)  # fmt: skip
-    trainer = KTOTrainer(pretrained_adapter(tokenizer), args=args, train_dataset=data, processing_class=tokenizer)
+    model = pretrained_adapter(tokenizer, lora_dropout=0.5)  # disable_dropout turns the copy's off too
+    trainer = KTOTrainer(model, args=args, train_dataset=data, processing_class=tokenizer)
     assert "ref" in trainer.model.peft_config
     ref_before = adapter_params(trainer.model, "ref")
     trainer.train()
@@ -164,8 +165,8 @@ def test_kto_reference_is_the_passed_adapter(tokenizer, tmp_path):
 
 @pytest.mark.parametrize("cls, config", [(GRPOTrainer, GRPOConfig), (RLOOTrainer, RLOOConfig)])
 def test_grpo_and_rloo_kl_is_zero_at_the_first_step(tokenizer, dataset, tmp_path, cls, config):
-    model = pretrained_adapter(tokenizer)
-    args = tiny_args(config, tmp_path, beta=0.1, max_steps=3, learning_rate=5e-2)
+    model = pretrained_adapter(tokenizer, lora_dropout=0.5)  # dropout off in the copy too (disable_dropout)
+    args = tiny_args(config, tmp_path, beta=0.1, max_steps=3, learning_rate=5e-2, disable_dropout=True)
     trainer = cls(model=model, reward_funcs=lambda completions, **kw: [float(len(c) % 3) for c in completions],
                   args=args, train_dataset=dataset, processing_class=tokenizer)  # fmt: skip
     assert trainer.ref_model is None and "ref" in trainer.model.peft_config
