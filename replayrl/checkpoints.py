@@ -274,6 +274,12 @@ class SafeCheckpointsMixin:
     def _state_file(self, rank: int) -> str:
         return f"{self.extra_state_name}_rank{rank}"
 
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        from replayrl.models.peft_reference import reload_trained_adapter
+
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        reload_trained_adapter(model if model is not None else self.model, resume_from_checkpoint)
+
     def _save_checkpoint(self, model, trial):
         from transformers.trainer_utils import rotate_checkpoints
 

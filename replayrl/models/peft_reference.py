@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -95,3 +96,26 @@ def reference_adapter(model) -> Iterator:
     finally:
         for param, flag in requires_grad:
             param.requires_grad_(flag)
+
+
+def reload_trained_adapter(model, checkpoint) -> None:
+    """After `Trainer._load_from_checkpoint`: the trained adapter of a `PeftModel` that carries the `"ref"` copy,
+    loaded again from the checkpoint's top level.
+
+    A checkpoint of such a model holds the trained adapter at its top level and the copy under `ref/`.
+    transformers 5.2 (the declared floor) loads only the sub-folders when there are any, so the trained adapter
+    would silently stay as rebuilt from the passed model; 5.24 loads the top level too (this repeats it, harmless).
+    """
+    while hasattr(model, "module"):  # DDP
+        model = model.module
+    if not is_peft_model(model) or REF_ADAPTER not in model.peft_config:
+        return
+    root = [f for f in ("adapter_model.safetensors", "adapter_model.bin") if (Path(checkpoint) / f).exists()]
+    if not root:
+        return
+    active = model.active_adapter
+    requires_grad = [(p, p.requires_grad) for p in model.parameters()]
+    model.load_adapter(str(checkpoint), active, is_trainable=True)
+    model.set_adapter(active)
+    for param, flag in requires_grad:
+        param.requires_grad_(flag)
