@@ -30,7 +30,7 @@ from torch import Tensor
 
 from replayrl.data.prompts import is_conversational
 from replayrl.data.sft import row_chat_template_kwargs
-from replayrl.data.streaming import column_names, is_streaming
+from replayrl.data.streaming import column_names, drop_rows
 
 logger = logging.getLogger(__name__)
 
@@ -118,9 +118,7 @@ def extract_prompt(example: dict) -> dict:
     if "prompt" in example and example["prompt"] is not None:
         return example
     chosen, rejected = example["chosen"], example["rejected"]
-    n = 0
-    while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
-        n += 1
+    n = common_prefix_length(chosen, rejected)
     if n == 0 or n == len(chosen) or n == len(rejected):
         raise ValueError(
             "cannot extract an implicit prompt: chosen and rejected must share a non-empty prefix and differ "
@@ -274,26 +272,16 @@ def drop_fully_truncated(dataset, name: str, max_length: int):
     def has_room(row):
         return len(row["prompt_ids"]) < max_length
 
-    if is_streaming(dataset):
-        return dataset.filter(has_room)
-    n = len(dataset)
-    dataset = dataset.filter(has_room, desc=f"Dropping fully truncated examples from {name}")
-    if len(dataset) == 0 and n > 0:
-        raise ValueError(
-            f"every pair of {name} has a prompt of max_length={max_length} tokens or more, so truncation_mode="
-            "'keep_start' would cut every completion away: raise max_length, lower max_prompt_length (the "
-            "prompt keeps its last tokens), or set truncation_mode='keep_end'."
-        )
-    if len(dataset) < n:
-        logger.warning(
-            "%s: dropped %d of %d pairs whose prompt fills max_length=%d (truncation_mode='keep_start' would "
-            "leave them no completion token)",
-            name,
-            n - len(dataset),
-            n,
-            max_length,
-        )
-    return dataset
+    return drop_rows(
+        dataset,
+        has_room,
+        f"Dropping fully truncated examples from {name}",
+        f"every pair of {name} has a prompt of max_length={max_length} tokens or more, so truncation_mode="
+        "'keep_start' would cut every completion away: raise max_length, lower max_prompt_length (the "
+        "prompt keeps its last tokens), or set truncation_mode='keep_end'.",
+        f"{name}: dropped %d of %d pairs whose prompt fills max_length={max_length} (truncation_mode='keep_start' "
+        "would leave them no completion token)",
+    )
 
 
 def pad(rows: list[list], value, side: str = "right", dtype=torch.long, multiple: int | None = None) -> Tensor:

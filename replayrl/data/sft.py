@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from replayrl.data.formats import DatasetFormat
-from replayrl.data.streaming import column_names, first_row, is_streaming, map_options
+from replayrl.data.streaming import column_names, drop_rows, first_row, map_options
 
 logger = logging.getLogger(__name__)
 GENERATION_MARK = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -221,20 +221,14 @@ def drop_untrained_rows(dataset):
     """The rows that keep a trained label after truncation, as TRL 1.16 (e.g. a prompt alone filling
     `max_length` under `keep_start`): the others add no loss. A warning with the count (a streaming dataset is
     filtered lazily, uncounted); a ValueError when no row is left."""
-    if is_streaming(dataset):
-        return dataset.filter(_has_a_trained_label)
-    n = len(dataset)
-    dataset = dataset.filter(_has_a_trained_label, desc="Dropping fully masked examples")
-    if n and not len(dataset):
-        raise ValueError(
-            "Truncation to max_length left no row with a token to train on (each prompt fills max_length?): raise "
-            "max_length, or set truncation_mode='keep_end'."
-        )
-    if len(dataset) < n:
-        logger.warning(
-            "Dropped %d of %d rows that truncation to max_length left with no token to train on.", n - len(dataset), n
-        )
-    return dataset
+    return drop_rows(
+        dataset,
+        _has_a_trained_label,
+        "Dropping fully masked examples",
+        "Truncation to max_length left no row with a token to train on (each prompt fills max_length?): raise "
+        "max_length, or set truncation_mode='keep_end'.",
+        "Dropped %d of %d rows that truncation to max_length left with no token to train on.",
+    )
 
 
 def prepare_sft_dataset(

@@ -45,6 +45,21 @@ def map_options(dataset, num_proc: int | None, desc: str | None = None) -> dict:
     return {"num_proc": num_proc, **({"desc": desc} if desc else {})}
 
 
+def drop_rows(dataset, keep, desc: str, none_left: str, dropped: str):
+    """`dataset.filter(keep)` as preparation drops rows: a streaming dataset lazily (uncounted); otherwise a
+    ValueError `none_left` when no row is kept, and a warning `dropped` (with `%d of %d` for the dropped and total
+    counts) when some are dropped."""
+    if is_streaming(dataset):
+        return dataset.filter(keep)
+    n = len(dataset)
+    dataset = dataset.filter(keep, desc=desc)
+    if n and not len(dataset):
+        raise ValueError(none_left)
+    if len(dataset) < n:
+        logger.warning(dropped, n - len(dataset), n)
+    return dataset
+
+
 def check_train_dataset(dataset, trainer: str) -> None:
     """As TRL 1.16's SFT, DPO, reward and KTO trainers, before any loading: a `train_dataset` is required, and a
     `DatasetDict` (a mapping of splits, not rows) is refused with the split to pass instead."""

@@ -32,7 +32,12 @@ from replayrl.data.preference import (
     tokenize_reward_row,
 )
 from replayrl.data.prefix_sharing import SIDES, SharedPrefixRows, share_prefixes_for
-from replayrl.data.streaming import column_names, is_streaming, map_options, prepare_streaming_training
+from replayrl.data.streaming import (
+    column_names,
+    drop_rows,
+    map_options,
+    prepare_streaming_training,
+)
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.attention import attention_mask_for, base_model
 from replayrl.models.loading import (
@@ -196,15 +201,13 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         def fits(x):
             return len(x["chosen_ids"]) <= limit and len(x["rejected_ids"]) <= limit
 
-        if is_streaming(dataset):
-            return dataset.filter(fits)
-        n = len(dataset)
-        dataset = dataset.filter(fits, desc=f"Dropping {name} pairs longer than max_length")
-        if len(dataset) == 0:
-            raise ValueError(f"every pair of {name} is longer than max_length={limit}: raise max_length.")
-        if len(dataset) < n:
-            logger.warning("%s: dropped %d of %d pairs longer than max_length=%d", name, n - len(dataset), n, limit)
-        return dataset
+        return drop_rows(
+            dataset,
+            fits,
+            f"Dropping {name} pairs longer than max_length",
+            f"every pair of {name} is longer than max_length={limit}: raise max_length.",
+            f"{name}: dropped %d of %d pairs longer than max_length={limit}",
+        )
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
         """As Trainer.evaluate; a dataset passed here is tokenised like the constructor's."""
