@@ -48,10 +48,11 @@ class DDPOConfig:
     num_epochs: int = field(default=100, metadata=_help("Epochs (sample, then train) to run."))
     save_freq: int = field(default=1, metadata=_help("Save a checkpoint every this many epochs (0: never)."))
     num_checkpoint_limit: int = field(default=5, metadata=_help("Keep at most this many checkpoints (oldest go)."))
-    mixed_precision: str = field(
+    mixed_precision: str | None = field(
         default="fp16",
         metadata=_help(
-            "'no', 'fp16' or 'bf16' for the frozen parts and autocast; CPU runs use 'no' (fp16 is GPU-only)."
+            "'no', 'fp16' or 'bf16' for the frozen parts and autocast; CPU runs use 'no' (fp16 is GPU-only). "
+            "None (as TRL v0.7.1 lets accelerate choose) is read as 'no'."
         ),
     )
     allow_tf32: bool = field(default=True, metadata=_help("Allow TF32 matmuls on Ampere+ GPUs."))
@@ -102,6 +103,8 @@ class DDPOConfig:
                 setattr(self, name, json.loads(value) if value and value.strip() else {})
         if self.negative_prompts is None:
             self.negative_prompts = ""
+        if self.mixed_precision is None:  # TRL v0.7.1 hands None to Accelerator: its default, full precision
+            self.mixed_precision = "no"
         self.check(num_processes=1)
 
     @property

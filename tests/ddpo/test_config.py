@@ -99,3 +99,16 @@ def test_guidance_one_without_train_cfg_is_fine_and_json_kwargs_parse():
     config = DDPOConfig(sample_guidance_scale=1.0, train_cfg=False, tracker_kwargs='{"wandb": {"name": "x"}}')
     assert config.tracker_kwargs == {"wandb": {"name": "x"}}
     assert DDPOConfig(sample_num_steps=10, train_timestep_fraction=0.5).num_train_timesteps == 5
+
+
+def test_mixed_precision_none_as_trl_v071_tests_pass_it_trains_in_full_precision(tmp_path):
+    """TRL v0.7.1's own DDPO tests pass `mixed_precision=None` (accelerate's default): read as 'no'."""
+    import torch
+
+    from tests.ddpo.conftest import tiny_trainer
+
+    assert DDPOConfig(mixed_precision=None).mixed_precision == "no"
+    trainer = tiny_trainer(tmp_path, mixed_precision=None, num_epochs=1)
+    assert trainer.accelerator.mixed_precision == "no"
+    assert trainer.sd_pipeline.unet.dtype == torch.float32
+    trainer.train()
