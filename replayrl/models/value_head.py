@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-from transformers import PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrainedModel
 
 from replayrl.models.loading import apply_peft, load_model
 
@@ -53,6 +53,11 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
 
     supports_gradient_checkpointing = True
     _hidden_states_field = "hidden_states"  # the output field whose last entry the head reads
+    # TRL v0.7.1's class attributes: the transformers class a saved folder loads back with (the head ignored), and
+    # the names under which a language model keeps its LM head (a model with none of them is refused).
+    transformers_parent_class = AutoModelForCausalLM
+    lm_head_namings = ["lm_head", "embed_out"]
+    _kind = "causal language model (AutoModelForCausalLM)"
 
     @staticmethod
     def _load_base(name_or_path: str, kwargs: dict | None) -> PreTrainedModel:
@@ -66,6 +71,7 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         v_head_initializer_range: float = 0.2,
     ):
         super().__init__()
+        self._check_lm_head(pretrained_model)
         self.pretrained_model = pretrained_model
         self.is_peft_model = hasattr(pretrained_model, "peft_config") and hasattr(pretrained_model, "disable_adapter")
         config = self.config
@@ -78,6 +84,16 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         elif v_head_init_strategy is not None:
             raise ValueError(f"unknown v_head_init_strategy {v_head_init_strategy!r}; use None or 'normal'")
         self.v_head.to(next(pretrained_model.parameters()).device)
+
+    @classmethod
+    def _check_lm_head(cls, model) -> None:
+        """TRL v0.7.1's check: the wrapped model (or the model inside a PEFT wrapper) has an LM head."""
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if not any(hasattr(inner, name) for name in cls.lm_head_namings):
+            raise ValueError(
+                f"{type(inner).__name__} has no language-model head (none of {cls.lm_head_namings}); "
+                f"{cls.__name__} needs a {cls._kind}: load it with {cls.transformers_parent_class.__name__}."
+            )
 
     # ------------------------------------------------------------------------------------------ construction
     @classmethod
@@ -163,6 +179,9 @@ class AutoModelForSeq2SeqLMWithValueHead(AutoModelForCausalLMWithValueHead):
     """
 
     _hidden_states_field = "decoder_hidden_states"
+    transformers_parent_class = AutoModelForSeq2SeqLM
+    lm_head_namings = ["lm_head", "embed_out", "output_projection"]
+    _kind = "sequence-to-sequence language model (AutoModelForSeq2SeqLM)"
 
     @staticmethod
     def _load_base(name_or_path: str, kwargs: dict | None) -> PreTrainedModel:

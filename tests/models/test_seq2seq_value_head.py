@@ -60,3 +60,23 @@ def test_ppo_trainer_refuses_an_encoder_decoder_with_a_clear_error(tokenizer):
         PPOTrainer(
             PPOConfig(batch_size=2, mini_batch_size=1), AutoModelForSeq2SeqLMWithValueHead(tiny_t5()), None, tokenizer
         )
+
+
+def test_trl_v071_class_attributes_errors_and_generate_with_decoder_ids(tmp_path):
+    """As TRL v0.7.1's value-head tests use them: the parent class reloads the saved folder (sharded), a model
+    without an LM head (`T5Model`) is refused, and `generate` takes `decoder_input_ids` and a GenerationConfig."""
+    from transformers import GenerationConfig, T5Model
+
+    cls = AutoModelForSeq2SeqLMWithValueHead
+    assert cls.transformers_parent_class is AutoModelForSeq2SeqLM and "lm_head" in cls.lm_head_namings
+    model = cls.from_pretrained(tiny_t5(), v_head_init_strategy="normal").eval()
+    model.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    plain = cls.transformers_parent_class.from_pretrained(tmp_path)
+    for key, value in model.pretrained_model.state_dict().items():
+        torch.testing.assert_close(plain.state_dict()[key], value)
+    torch.testing.assert_close(cls.from_pretrained(str(tmp_path)).v_head.summary.bias, model.v_head.summary.bias)
+    with pytest.raises(ValueError, match="T5Model has no language-model head.*AutoModelForSeq2SeqLM"):
+        cls.from_pretrained(T5Model(tiny_t5().config))
+    out = model.generate(ENC, decoder_input_ids=DEC, generation_config=GenerationConfig(max_new_tokens=3))
+    assert out.shape == (2, 6) and torch.equal(out[:, :3], DEC)

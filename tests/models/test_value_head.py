@@ -109,3 +109,29 @@ def test_peft_lora_policy_with_trainable_head(tokenizer, tmp_path):
     for a, b in zip(model(IDS), loaded(IDS)):
         if a is not None:
             torch.testing.assert_close(a, b)
+
+
+def test_trl_v071_class_attributes_save_through_transformers_sharded(vmodel, tmp_path):
+    """`transformers_parent_class` loads a saved (here sharded) value-head folder back as the plain LM, same
+    weights; `lm_head_namings` names where the LM head lives; bf16 kwargs reach the language model."""
+    assert AutoModelForCausalLMWithValueHead.transformers_parent_class is AutoModelForCausalLM
+    assert any(hasattr(vmodel.pretrained_model, n) for n in AutoModelForCausalLMWithValueHead.lm_head_namings)
+    vmodel.save_pretrained(tmp_path, max_shard_size="100KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    plain = AutoModelForCausalLMWithValueHead.transformers_parent_class.from_pretrained(tmp_path)
+    for key, value in vmodel.pretrained_model.state_dict().items():
+        torch.testing.assert_close(plain.state_dict()[key], value)
+    loaded = AutoModelForCausalLMWithValueHead.from_pretrained(str(tmp_path))
+    torch.testing.assert_close(loaded.v_head.summary.weight, vmodel.v_head.summary.weight)
+    half = AutoModelForCausalLMWithValueHead.from_pretrained(str(tmp_path), torch_dtype=torch.bfloat16)
+    assert half.pretrained_model.lm_head.weight.dtype == torch.bfloat16
+    assert half(IDS)[2].shape == (2, 5)
+
+
+def test_a_model_without_lm_head_is_refused(tokenizer, tmp_path):
+    """TRL v0.7.1: a base model (no LM head, e.g. `AutoModel`'s) is a ValueError naming the class to load with."""
+    from transformers import AutoModel
+
+    tiny(tokenizer).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="has no language-model head.*AutoModelForCausalLM"):
+        AutoModelForCausalLMWithValueHead.from_pretrained(AutoModel.from_pretrained(tmp_path))
