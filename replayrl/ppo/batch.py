@@ -64,8 +64,9 @@ def build_batch(
     return PPOBatch(input_ids, attention_mask, position_ids, torch.stack(response_mask), q_width)
 
 
-def batch_to(batch: PPOBatch, device: torch.device) -> PPOBatch:
-    return PPOBatch(**{f.name: _to(getattr(batch, f.name), device) for f in fields(batch)})
+def batch_to(batch, device: torch.device):
+    """`batch` (a `PPOBatch` or an encoder-decoder `Seq2SeqPPOBatch`) with its tensors on `device`."""
+    return type(batch)(**{f.name: _to(getattr(batch, f.name), device) for f in fields(batch)})
 
 
 def _to(value, device):
@@ -95,8 +96,13 @@ def forward(
 
     Logits are divided by the sampling ``temperature`` (arXiv:2403.17031) so the log-probs are those of the
     distribution the responses were sampled from. The lm_head is applied chunk by chunk to the response positions
-    (`replayrl.models.lm_head`); only ``full_logprobs`` and ``keep_logits`` form full-vocabulary tensors.
+    (`replayrl.models.lm_head`); only ``full_logprobs`` and ``keep_logits`` form full-vocabulary tensors. An
+    encoder-decoder batch (`replayrl.ppo.seq2seq_batch`) goes to its own forward.
     """
+    if hasattr(batch, "decoder_input_ids"):
+        from replayrl.ppo.seq2seq_batch import seq2seq_forward
+
+        return seq2seq_forward(model, batch, temperature, full_logprobs, entropy, keep_logits)
     out, head = forward_to_head(
         model, input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
     )
@@ -118,7 +124,7 @@ def forward(
 
 
 @torch.no_grad()
-def batched_forward(model, batch: PPOBatch, chunk: int, temperature: float, full_logprobs: bool) -> ForwardOutput:
+def batched_forward(model, batch, chunk: int, temperature: float, full_logprobs: bool) -> ForwardOutput:
     """`forward` in chunks of ``chunk`` rows (TRL v0.7.1's mini_batch_size), without gradients; padded back to R."""
     n, width = batch.input_ids.shape[0], batch.response_mask.shape[1]
     parts = []

@@ -70,6 +70,11 @@ def train(
 
 
 def _check_dataset(trainer, dataset, prompt_column: str) -> None:
+    if trainer.is_encoder_decoder:
+        raise ValueError(
+            "train() samples with decoder-only generation; an encoder-decoder (AutoModelForSeq2SeqLMWithValueHead) "
+            "trains through TRL v0.7.1's loop: ppo_trainer.generate(queries) -> your scores -> ppo_trainer.step(...)."
+        )
     if dataset is None:
         raise ValueError("train() needs a dataset: PPOTrainer(config, model, tokenizer=..., dataset=...).")
     columns = getattr(dataset, "column_names", None)

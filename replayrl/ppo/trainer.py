@@ -17,6 +17,7 @@ step per ``gradient_accumulation_steps`` mini-batches; early stop on ``target_kl
 from __future__ import annotations
 
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
@@ -34,6 +35,7 @@ from replayrl.models.prompt_learning import refuse_prompt_learning
 from replayrl.ppo.batch import PPOBatch, batch_to, batched_forward, build_batch, forward
 from replayrl.ppo.config import PPOConfig
 from replayrl.ppo.seed_methods import PPOSeedMethodsMixin
+from replayrl.ppo.seq2seq_batch import pad_right
 from replayrl.ppo.stats import gather_stats, log_stats_record, step_stats
 
 ROLLOUT_KEYS = ("logprobs", "values", "advantages", "returns")
@@ -42,6 +44,15 @@ ROLLOUT_KEYS = ("logprobs", "values", "advantages", "returns")
 def dict_collator(rows: list[dict]) -> dict[str, list]:
     """TRL v0.7.1's recommended collator: a dict of lists (variable-length queries stay separate tensors)."""
     return {key: [row[key] for row in rows] for key in rows[0]}
+
+
+def default_collator(rows: list):
+    """The collator of ``data_collator=None``: dict rows -> `dict_collator`; any other rows (a tuple
+    ``(query_tensor, response_tensor)`` per row, as in TRL v0.7.1's own tests) -> torch's default collation,
+    which is what TRL v0.7.1's DataLoader applies to them."""
+    if isinstance(rows[0], dict):
+        return dict_collator(rows)
+    return torch.utils.data.default_collate(rows)
 
 
 class LengthSampler:
@@ -82,13 +93,21 @@ class PPOTrainer(PPOSeedMethodsMixin):
             model = AutoModelForCausalLMWithValueHead.from_pretrained(model)
         if not isinstance(model, AutoModelForCausalLMWithValueHead):
             raise ValueError(f"model is a {type(model).__name__}; pass an AutoModelForCausalLMWithValueHead.")
-        if isinstance(model, AutoModelForSeq2SeqLMWithValueHead):
-            raise ValueError(
-                "PPOTrainer trains decoder-only models; an encoder-decoder (AutoModelForSeq2SeqLMWithValueHead) is "
-                "not supported by its step. Use a causal LM with AutoModelForCausalLMWithValueHead."
-            )
+        self.is_encoder_decoder = isinstance(model, AutoModelForSeq2SeqLMWithValueHead)
         if ref_model is not None and num_shared_layers is not None:
-            raise ValueError("num_shared_layers only applies when ref_model is None (the trainer builds it).")
+            warnings.warn(  # TRL v0.7.1's warning, in its words
+                "num_shared_layers is ignored when ref_model is provided. Two different models are used for the "
+                "model and the reference model and no layers are shared.",
+                UserWarning,
+                stacklevel=2,
+            )
+            num_shared_layers = None
+        if dataset is None:
+            warnings.warn(  # TRL v0.7.1's warning, in its words
+                "No dataset is provided. Make sure to set config.batch_size to the correct value before training.",
+                UserWarning,
+                stacklevel=2,
+            )
         refuse_prompt_learning(
             model,
             "PPOTrainer",
@@ -143,7 +162,7 @@ class PPOTrainer(PPOSeedMethodsMixin):
         return torch.utils.data.DataLoader(
             dataset,
             batch_size=self.config.batch_size,
-            collate_fn=data_collator or dict_collator,
+            collate_fn=data_collator or default_collator,
             shuffle=True,
             drop_last=True,
             generator=torch.Generator().manual_seed(self.config.seed),
@@ -170,6 +189,8 @@ class PPOTrainer(PPOSeedMethodsMixin):
                     generation_kwargs["max_new_tokens"] = length_sampler()
                 ids = query_tensor.unsqueeze(0).to(self.accelerator.device)
                 response = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **generation_kwargs)
+                if self.is_encoder_decoder:  # the decoder's ids (start token first): there is no prompt in them
+                    return response
                 return response if return_prompt else response[:, ids.shape[1] :]
             return self._generate_batched(
                 model, list(query_tensor), length_sampler, batch_size, return_prompt, generation_kwargs
@@ -181,9 +202,14 @@ class PPOTrainer(PPOSeedMethodsMixin):
             if length_sampler is not None:
                 kwargs["max_new_tokens"] = length_sampler()
             chunk = [q.to(self.accelerator.device) for q in queries[start : start + batch_size]]
-            batch = build_batch(chunk, [q[:0] for q in chunk], pad)  # left-padded queries, empty responses
-            generated = model.generate(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **kwargs)
-            width = batch.input_ids.shape[1]
+            if self.is_encoder_decoder:  # right-padded encoder inputs; the output is the decoder's ids
+                ids, attention = pad_right(chunk, pad)
+                generated = model.generate(input_ids=ids, attention_mask=attention, **kwargs)
+                width, return_prompt = 0, False
+            else:
+                batch = build_batch(chunk, [q[:0] for q in chunk], pad)  # left-padded queries, empty responses
+                generated = model.generate(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **kwargs)
+                width = batch.input_ids.shape[1]
             for row, query in zip(generated, chunk):
                 response = row[width:]
                 if eos is not None and (response == eos).any():
@@ -205,7 +231,7 @@ class PPOTrainer(PPOSeedMethodsMixin):
         timing = {}
         scores = self._scale_scores(scores)
         device = self.accelerator.device
-        batch = batch_to(build_batch(queries, responses, self.tokenizer.pad_token_id, response_masks), device)
+        batch = batch_to(self._build_batch(queries, responses, response_masks), device)
         t = time.time()
         old, ref = self._rollout_forward(batch)
         timing["time/ppo/forward_pass"] = time.time() - t

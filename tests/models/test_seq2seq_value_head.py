@@ -55,11 +55,49 @@ def test_generate_and_reference_model():
     )
 
 
-def test_ppo_trainer_refuses_an_encoder_decoder_with_a_clear_error(tokenizer):
-    with pytest.raises(ValueError, match="decoder-only"):
-        PPOTrainer(
-            PPOConfig(batch_size=2, mini_batch_size=1), AutoModelForSeq2SeqLMWithValueHead(tiny_t5()), None, tokenizer
-        )
+def _t5_trainer(tokenizer, **config):
+    model = AutoModelForSeq2SeqLMWithValueHead(tiny_t5(), summary_dropout_prob=0.0)
+    with pytest.warns(UserWarning, match="No dataset is provided"):
+        return PPOTrainer(PPOConfig(batch_size=2, mini_batch_size=1, **config), model, None, tokenizer)
+
+
+def test_ppo_step_trains_an_encoder_decoder_on_its_response_tokens(tokenizer):
+    """TRL v0.7.1's encoder-decoder PPO: queries to the encoder, responses (decoder start first) to the decoder;
+    the log-probs are those of each response token after the start token, read off the decoder's own logits."""
+    trainer = _t5_trainer(tokenizer, ppo_epochs=1)
+    model = trainer.model
+    queries = [torch.tensor([5, 6, 7, 8]), torch.tensor([9, 10])]
+    responses = [torch.tensor([0, 12, 13, 14]), torch.tensor([15, 16])]  # the second without the start token
+    inputs = trainer.prepare_model_inputs(queries, responses)
+    assert inputs["input_ids"].tolist() == [[5, 6, 7, 8], [9, 10, 0, 0]]  # encoder ids right-padded
+    assert inputs["decoder_input_ids"].tolist() == [[0, 12, 13, 14], [0, 15, 16, 0]]  # start token prepended
+    logprobs, logits, values, mask = trainer.batched_forward_pass(model, queries, responses, inputs, True)
+    assert mask.tolist() == [[1, 1, 1], [1, 1, 0]] and logits.shape == (2, 3, 64)
+    for i, decoder_ids in enumerate([[0, 12, 13, 14], [0, 15, 16]]):
+        d = torch.tensor([decoder_ids])
+        ref_logits, _, ref_values = model.eval()(input_ids=queries[i][None], decoder_input_ids=d)
+        want = torch.log_softmax(ref_logits[0, :-1], -1).gather(-1, d[0, 1:, None]).squeeze(-1)
+        n = d.shape[1] - 1
+        torch.testing.assert_close(logprobs[i, :n], want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(values[i, :n], ref_values[0, :-1], rtol=1e-4, atol=1e-5)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    stats = trainer.step(queries, responses, [torch.tensor(1.0), torch.tensor(-1.0)])
+    assert stats["objective/kl"] == 0.0 and stats["ppo/mean_scores"] == 0.0  # first step: policy == reference
+    changed = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
+    assert any("v_head" in n for n in changed) and any("decoder" in n for n in changed)
+    assert all(p.grad is None for p in trainer.ref_model.parameters())
+
+
+def test_ppo_generate_of_an_encoder_decoder_returns_decoder_ids(tokenizer):
+    trainer = _t5_trainer(tokenizer)
+    queries = [torch.tensor([5, 6, 7, 8]), torch.tensor([9, 10])]
+    kwargs = dict(max_new_tokens=3, do_sample=False)
+    batched = trainer.generate(queries, batch_size=2, **kwargs)
+    single = [trainer.generate(q, **kwargs)[0] for q in queries]
+    for b, s in zip(batched, single):
+        assert b[0] == 0 and torch.equal(b, s[: len(b)])  # start token first; same ids as one by one
+    with pytest.raises(ValueError, match="train\\(\\) samples with decoder-only generation"):
+        trainer.train(lambda completions, **kw: [0.0] * len(completions))
 
 
 def test_trl_v071_class_attributes_errors_and_generate_with_decoder_ids(tmp_path):
