@@ -89,11 +89,15 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
     def _check_lm_head(cls, model) -> None:
         """TRL v0.7.1's check: the wrapped model (or the model inside a PEFT wrapper) has an LM head."""
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-        if not any(hasattr(inner, name) for name in cls.lm_head_namings):
+        if not cls._has_lm_head(inner):
             raise ValueError(
                 f"{type(inner).__name__} has no language-model head (none of {cls.lm_head_namings}); "
                 f"{cls.__name__} needs a {cls._kind}: load it with {cls.transformers_parent_class.__name__}."
             )
+
+    @classmethod
+    def _has_lm_head(cls, model) -> bool:
+        return any(hasattr(model, name) for name in cls.lm_head_namings)
 
     # ------------------------------------------------------------------------------------------ construction
     @classmethod
@@ -182,6 +186,13 @@ class AutoModelForSeq2SeqLMWithValueHead(AutoModelForCausalLMWithValueHead):
     transformers_parent_class = AutoModelForSeq2SeqLM
     lm_head_namings = ["lm_head", "embed_out", "output_projection"]
     _kind = "sequence-to-sequence language model (AutoModelForSeq2SeqLM)"
+    is_encoder_decoder = True
+
+    @classmethod
+    def _has_lm_head(cls, model) -> bool:
+        """TRL v0.7.1's rule for encoder-decoders: a module named after a head anywhere (FSMT's sits in the
+        decoder: ``model.decoder.output_projection``)."""
+        return any(any(n in name for n in cls.lm_head_namings) for name, _ in model.named_modules())
 
     @staticmethod
     def _load_base(name_or_path: str, kwargs: dict | None) -> PreTrainedModel:

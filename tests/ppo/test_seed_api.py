@@ -88,3 +88,24 @@ def test_prepare_model_inputs_and_batched_forward_pass_match_the_step_forward(to
         torch.testing.assert_close(values[m], want.values[m], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="model_inputs are not prepare_model_inputs"):
         trainer.batched_forward_pass(model, queries, responses[::-1], inputs)
+
+
+def test_core_respond_to_batch_samples_txt_len_tokens_with_top_k(tokenizer):
+    """`replayrl.core.respond_to_batch` (TRL v0.7.1's `trl.core`): exactly txt_len sampled tokens, reproducible
+    under a seed; top_k=1 is greedy."""
+    from replayrl.core import LengthSampler as CoreLengthSampler
+    from replayrl.core import respond_to_batch, set_seed
+    from replayrl.ppo import LengthSampler
+
+    model = value_model(tokenizer).eval()
+    query = torch.tensor([[5, 6, 7, 8]])
+    set_seed(3)
+    a = respond_to_batch(model, query, txt_len=6)
+    set_seed(3)
+    assert a.shape == (1, 6) and torch.equal(a, respond_to_batch(model, query, txt_len=6))
+    greedy, ids = respond_to_batch(model, query, txt_len=3, top_k=1), query
+    for _ in range(3):
+        ids = torch.cat([ids, model(ids)[0][:, -1].argmax(-1, keepdim=True)], dim=-1)
+    assert torch.equal(greedy, ids[:, -3:])
+    assert respond_to_batch(model, query, txt_len=3, top_p=1e-6).equal(greedy)  # nucleus of one token
+    assert CoreLengthSampler is LengthSampler
