@@ -22,6 +22,7 @@ import torch
 
 from replayrl.ddpo import DDPOConfig, DDPOTrainer, DefaultDDPOStableDiffusionPipeline
 from replayrl.ddpo.rewards import centre_brightness
+from replayrl.ddpo.trainer import collate_samples
 from replayrl.models.tiny_diffusion import build_tiny_sd_pipeline
 
 
@@ -89,7 +90,8 @@ def gradient_cosines(seed: int, args, batches: int = 4) -> dict[str, list[float]
     pathwise = pathwise_gradient(trainer, args)
     grads = []
     for _ in range(batches):
-        samples, data = trainer._generate_samples(1, args.batch)
+        batches, data = trainer._generate_samples(1, args.batch)
+        samples = collate_samples(batches)
         samples["advantages"] = trainer._advantages(trainer._collect_rewards(data), samples.pop("prompts"))
         trainer.optimizer.zero_grad()
         embeds = torch.cat([trainer.neg_prompt_embed.expand(args.batch, -1, -1), samples["prompt_embeds"]])

@@ -104,6 +104,13 @@ def gaussian_log_prob(x: Tensor, mean: Tensor, std: Tensor | float) -> Tensor:
     return density.mean(dim=tuple(range(1, density.dim())))
 
 
+def clipped_surrogate_loss(advantages: Tensor, clip_range: float, ratio: Tensor) -> Tensor:
+    """``mean(max(-A * r, -A * clip(r, 1 - eps, 1 + eps)))`` over ``advantages`` and ``ratio`` (same shape)."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - clip_range, 1 + clip_range)
+    return torch.maximum(unclipped, clipped).mean()
+
+
 def ddpo_clipped_loss(
     log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, clip_range: float, adv_clip_max: float
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -117,9 +124,7 @@ def ddpo_clipped_loss(
     adv = advantages.clamp(-adv_clip_max, adv_clip_max)
     log_ratio = log_prob - old_log_prob.detach()
     ratio = torch.exp(log_ratio)
-    unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1 - clip_range, 1 + clip_range)
-    loss = torch.maximum(unclipped, clipped).mean()
+    loss = clipped_surrogate_loss(adv, clip_range, ratio)
     with torch.no_grad():
         stats = {
             "approx_kl": 0.5 * (log_ratio**2).mean(),

@@ -28,7 +28,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from replayrl.algos.diffusion import PerPromptStatTracker, batch_advantages, ddpo_clipped_loss
+from replayrl.algos.diffusion import (
+    PerPromptStatTracker,
+    batch_advantages,
+    clipped_surrogate_loss,
+    ddpo_clipped_loss,
+)
 from replayrl.checkpoints import checkpoints_in, refuse_stale_checkpoints, rng_state, save_extra_state
 from replayrl.ddpo.config import DDPOConfig
 from replayrl.ddpo.pipeline import DDPOStableDiffusionPipeline, encode_prompts, guided_noise_pred
@@ -171,9 +176,10 @@ class DDPOTrainer:
         """One epoch: sample, reward, advantages, inner epochs of PPO updates, maybe a checkpoint. Returns the new
         global (optimizer) step."""
         start = time.perf_counter()
-        samples, prompt_image_data = self._generate_samples(
+        batches, prompt_image_data = self._generate_samples(
             iterations=self.config.sample_num_batches_per_epoch, batch_size=self.config.sample_batch_size
         )
+        samples = collate_samples(batches)
         rewards = self._collect_rewards(prompt_image_data)
         if self.image_samples_callback is not None:
             trackers = self.accelerator.trackers
@@ -191,13 +197,14 @@ class DDPOTrainer:
         return global_step
 
     @torch.no_grad()
-    def _generate_samples(self, iterations: int, batch_size: int) -> tuple[dict[str, Any], list[list[Any]]]:
-        """Sample ``iterations`` batches. Returns the training samples (``prompt_embeds (N, L, D)``,
-        ``timesteps (N, T)``, ``latents``/``next_latents (N, T, C, h, w)``, ``log_probs (N, T)``, ``prompts``)
-        and, per batch, ``[images, prompts, prompt_metadata, rewards (a future while pending), reward_metadata]``."""
+    def _generate_samples(self, iterations: int, batch_size: int) -> tuple[list[dict[str, Any]], list[list[Any]]]:
+        """Sample ``iterations`` batches (TRL v0.7.1's return values). Returns, per batch, the training samples
+        (``prompt_embeds (B, L, D)``, ``timesteps (B, T)``, ``latents``/``next_latents (B, T, C, h, w)``,
+        ``log_probs (B, T)``, ``prompts``; `collate_samples` joins them) and ``[images, prompts, prompt_metadata,
+        rewards (a future while pending), reward_metadata]``."""
         config, pipe, device = self.config, self.sd_pipeline, self.accelerator.device
         self.unet.eval()
-        samples, image_data = defaultdict(list), []
+        batches, image_data = [], []
         for _ in range(iterations):
             prompts, metadata = map(tuple, zip(*[self.prompt_fn() for _ in range(batch_size)]))
             prompt_embeds = encode_prompts(pipe, list(prompts), device)
@@ -211,15 +218,19 @@ class DDPOTrainer:
                     generator=self.generator,
                 )
             latents = torch.stack(out.latents, dim=1)  # (B, T + 1, C, h, w)
-            samples["prompt_embeds"].append(prompt_embeds)
-            samples["timesteps"].append(pipe.scheduler.timesteps.to(device).repeat(batch_size, 1))
-            samples["latents"].append(latents[:, :-1])
-            samples["next_latents"].append(latents[:, 1:])
-            samples["log_probs"].append(torch.stack(out.log_probs, dim=1))
-            samples["prompts"].extend(prompts)
+            batches.append(
+                {
+                    "prompt_embeds": prompt_embeds,
+                    "timesteps": pipe.scheduler.timesteps.to(device).repeat(batch_size, 1),
+                    "latents": latents[:, :-1],
+                    "next_latents": latents[:, 1:],
+                    "log_probs": torch.stack(out.log_probs, dim=1),
+                    "prompts": list(prompts),
+                }
+            )
             rewards = self._reward(out.images, prompts, metadata)
             image_data.append([out.images, prompts, metadata, *rewards])
-        return {k: v if k == "prompts" else torch.cat(v) for k, v in samples.items()}, image_data
+        return batches, image_data
 
     def _reward(self, images: Tensor, prompts: tuple, metadata: tuple) -> tuple[Any, Any]:
         if self.executor is not None:
@@ -304,6 +315,10 @@ class DDPOTrainer:
         self.accelerator.log(stats, step=global_step)
         self.metrics.write(global_step, {k: v for k, v in stats.items() if k != "inner_epoch"})
         return global_step
+
+    def loss(self, advantages: Tensor, clip_range: float, ratio: Tensor) -> Tensor:
+        """TRL v0.7.1's clipped surrogate: ``mean(max(-A * r, -A * clip(r, 1 - clip_range, 1 + clip_range)))``."""
+        return clipped_surrogate_loss(advantages, clip_range, ratio)
 
     def calculate_loss(
         self,
@@ -395,3 +410,11 @@ class DDPOTrainer:
         executor = getattr(self, "executor", None)
         if executor is not None:
             executor.shutdown(wait=False)
+
+
+def collate_samples(batches: list[dict[str, Any]]) -> dict[str, Any]:
+    """`DDPOTrainer._generate_samples`' per-batch samples joined along the batch dimension (prompts: one list)."""
+    return {
+        k: [p for b in batches for p in b[k]] if k == "prompts" else torch.cat([b[k] for b in batches])
+        for k in batches[0]
+    }

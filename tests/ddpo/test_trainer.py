@@ -168,3 +168,23 @@ def test_optimizer_steps_follow_accumulation_and_timestep_fraction(tmp_path):
     assert len(calls) == 8 and all(t.shape == (2,) for t in calls)
     # each sample trains 2 distinct of its 4 timesteps
     assert set(torch.cat(calls).tolist()) <= set(trainer.sd_pipeline.scheduler.timesteps.tolist())
+
+
+def test_trl_v071_generate_samples_per_batch_and_loss(tmp_path):
+    """TRL v0.7.1's `_generate_samples(iterations, batch_size)` gives one sample dict per batch and the
+    (images, prompts, ...) of each; `calculate_loss` takes one denoising step of them (ratio 1 before any update);
+    `loss(advantages, clip_range, ratio)` is the clipped surrogate."""
+    trainer = tiny_trainer(tmp_path, sample_batch_size=2, train_batch_size=2)
+    samples, pairs = trainer._generate_samples(2, 2)
+    assert len(samples) == 2 and len(pairs) == 2 and len(pairs[0][0]) == 2 and len(samples[0]["prompts"]) == 2
+    sample = samples[0]
+    assert sample["latents"].shape == (2, 3, 4, 8, 8) and sample["log_probs"].shape == (2, 3)
+    embeds = torch.cat([trainer.neg_prompt_embed.expand(2, -1, -1), sample["prompt_embeds"]])
+    keys = ("latents", "timesteps", "next_latents", "log_probs")
+    loss, approx_kl, _ = trainer.calculate_loss(*(sample[k][:, 0] for k in keys), torch.tensor([1.0, -1.0]), embeds)
+    assert trainer._last_ratio.item() == pytest.approx(1.0, abs=1e-4) and approx_kl.item() < 1e-6
+    assert loss.item() == pytest.approx(0.0, abs=1e-4)  # mean(-A * 1) over A = (1, -1)
+    assert trainer.loss(torch.tensor([-1.0]), 0.0001, torch.tensor([1.0])).item() == 1.0
+    # ratio 2 with A = 1: clipped to 1.2 -> -1.2 is larger than -2; A = -1: -(-1) * 2 = 2 is the larger
+    ratios, advantages = torch.tensor([2.0, 2.0]), torch.tensor([1.0, -1.0])
+    assert trainer.loss(advantages, 0.2, ratios).item() == pytest.approx((-1.2 + 2.0) / 2)
