@@ -32,6 +32,8 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
+import trl_tests_v071 as v071  # TRL v0.7.1's files: their 2023 hub names and imports (scripts/trl_tests_v071.py)
+
 REPO = Path(__file__).resolve().parent.parent
 SHIM = Path(__file__).resolve().parent / "trl_tests_shim.py"
 PACKAGE = "trl_tests"  # the temporary package the rewritten files live in (relative imports keep working)
@@ -158,7 +160,7 @@ def build_local_model(name: str, out: Path) -> str | None:
     from replayrl.models import tiny
 
     if name not in LOCAL_MODELS:
-        return None
+        return v071.build(name, out)
     model_type, head, extra = LOCAL_MODELS[name]
     path = out / name
     tokenizer = qwen_tokenizer() if name in QWEN_IDS else tiny.build_tokenizer()
@@ -249,6 +251,7 @@ def rewrite(source: str, models: dict[str, str]) -> str:
     for pattern, replacement in IMPORT_RULES:
         source = pattern.sub(replacement, source)
     source = HUB_MODEL.sub(lambda m: repr(models[m.group(2)]) if m.group(2) in models else m.group(0), source)
+    source = v071.rewrite(source, models)
     # `local_dataset` comes from the shim; the import goes after the module's first import statement.
     first_import = re.search(r"^(import|from) ", source, re.M)
     at = first_import.start() if first_import else 0
@@ -263,6 +266,7 @@ def prepare(source_dir: Path, files: list[Path], work: Path) -> Path:
     (package / "conftest.py").write_text("from .testing_utils import lazy_shared_datadir  # noqa: F401\n")
     texts = {f: (source_dir / f).read_text() for f in files}
     names = sorted({m.group(2) for text in texts.values() for m in HUB_MODEL.finditer(text)})
+    names += sorted(set().union(*(v071.extra_names(text) for text in texts.values())))
     models = {}
     for name in names:
         path = _try_build(name, work / "models")
@@ -277,7 +281,7 @@ def prepare(source_dir: Path, files: list[Path], work: Path) -> Path:
                 break
             (parent / "__init__.py").touch()
         target.write_text(rewrite(text, models))
-    (work / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow\n    low_priority\n")
+    (work / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow\n    low_priority\n    peft_test\n")
     return package
 
 

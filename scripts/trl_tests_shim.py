@@ -208,5 +208,49 @@ def ignore_warnings(message: str = "", category: type[Warning] = Warning):
 
 
 require_torch_multi_accelerator = _require(torch.cuda.device_count() > 1, "test requires several accelerators")
+require_torch_multi_gpu = require_torch_multi_accelerator  # TRL v0.7.1's name
+require_diffusers = _require(_available("diffusers"), "test requires diffusers")
+
+# ---- TRL v0.7.1's files (`scripts/trl_tests_v071.py` rewrites their imports to these)
+# `tests/testing_constants.py`: a staging hub account. Placeholders: nothing here reaches a hub.
+CI_HUB_USER = "__DUMMY_TRANSFORMERS_USER__"
+CI_HUB_USER_FULL_NAME = "Dummy User"
+CI_HUB_USER_TOKEN = "offline-placeholder"
+CI_HUB_ENDPOINT = "https://hub-ci.invalid"
+
+
+class HfApi:
+    """Offline stand-in for `huggingface_hub.HfApi` (the files only construct it for tests skipped by TRL)."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+
+class HfFolder:
+    """Offline stand-in: v0.7.1's PPO tests save the staging token in `setUpClass`; here nothing is written."""
+
+    @staticmethod
+    def save_token(token: str) -> None:
+        pass
+
+
+def delete_repo(*args, **kwargs) -> None:
+    """Offline stand-in: v0.7.1's PPO tests delete their staging repository in `tearDownClass`."""
+
+
+@pytest.fixture(autouse=True)
+def zero_grad_as_in_2023(monkeypatch):
+    """accelerate's `AcceleratedOptimizer.zero_grad()` as when TRL v0.7.1 was released: zeroed gradients rather
+    than `None` (accelerate 0.28 changed the default; TRL then patched its own `param.grad is not None` checks
+    the same way, TRL PR #1422). Imported into TRL v0.7.1's PPO file, it applies to that file's tests."""
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    original = AcceleratedOptimizer.zero_grad
+
+    def zero_grad(self, set_to_none=None):
+        return original(self, set_to_none=False if set_to_none is None else set_to_none)
+
+    monkeypatch.setattr(AcceleratedOptimizer, "zero_grad", zero_grad)
+
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

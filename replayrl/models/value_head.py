@@ -139,6 +139,21 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         self.pretrained_model.save_pretrained(save_directory, state_dict={**state_dict, **head}, **kwargs)
 
     # ------------------------------------------------------------------------------------------ model API
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
+        """TRL v0.7.1's layout: the language model's own keys plus ``v_head.*`` (what `save_pretrained` writes and
+        a plain transformers model reads). Inside a parent module's state dict the keys stay ``pretrained_model.*``
+        (what `nn.Module` nesting expects); `load_state_dict` takes either layout."""
+        if args or destination is not None or prefix:
+            return super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        state = self.pretrained_model.state_dict(keep_vars=keep_vars)
+        state.update({HEAD_PREFIX + k: v for k, v in self.v_head.state_dict(keep_vars=keep_vars).items()})
+        return state
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        if not any(key.startswith("pretrained_model.") for key in state_dict):  # v0.7.1's layout (`state_dict`)
+            state_dict = {k if k.startswith(HEAD_PREFIX) else "pretrained_model." + k: v for k, v in state_dict.items()}
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
     @property
     def config(self):
         return self.pretrained_model.config

@@ -32,6 +32,7 @@ def minibatch_stats(out, old: dict[str, Tensor], mask: Tensor, ratio: Tensor, lo
         "policy/approxkl": approxkl.item(),
         "policy/policykl": policykl.item(),
         "policy/clipfrac": losses["pg_clipfrac"].item(),
+        "policy/advantages": old["advantages"].detach()[mask.bool()].cpu(),  # TRL v0.7.1's distribution
         "policy/advantages_mean": F.masked_mean(old["advantages"], mask).item(),
         "policy/ratio_mean": F.masked_mean(ratio, mask).item(),
         "policy/ratio": ratio.detach()[mask.bool()].cpu(),

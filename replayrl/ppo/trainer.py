@@ -267,9 +267,17 @@ class PPOTrainer(PPOSeedMethodsMixin):
         self.current_step += 1
         return stats
 
-    def _check_inputs(self, queries, responses, scores, response_masks) -> Tensor:
+    def _step_safety_checker(self, batch_size: int, queries, responses, scores, masks=None):
+        """TRL v0.7.1's check of `step`'s inputs (`_check_inputs`, against ``batch_size``): returns ``(queries,
+        responses, scores, masks)`` on the accelerator's device, each score a 0-d float tensor."""
+        checked = self._check_inputs(queries, responses, scores, masks, batch_size)
+        device = self.accelerator.device
+        masks = [m.to(device) for m in masks] if masks is not None else None
+        return [q.to(device) for q in queries], [r.to(device) for r in responses], list(checked.to(device)), masks
+
+    def _check_inputs(self, queries, responses, scores, response_masks, batch_size: int | None = None) -> Tensor:
         """TRL v0.7.1's safety checks, with fix-it messages; returns the scores as a float32 ``(B,)`` tensor."""
-        n = self.config.batch_size
+        n = self.config.batch_size if batch_size is None else batch_size
         named = [("queries", queries), ("responses", responses), ("scores", scores)]
         named += [("response_masks", response_masks)] if response_masks is not None else []
         for name, value in named:
@@ -282,6 +290,12 @@ class PPOTrainer(PPOSeedMethodsMixin):
             for i, t in enumerate(tensors):
                 if not isinstance(t, Tensor) or t.dim() != 1 or t.numel() == 0:
                     raise ValueError(f"{name}[{i}] must be a non-empty 1-D tensor of token ids, got {_describe(t)}.")
+        for i, score in enumerate(scores):
+            if isinstance(score, Tensor) and score.dim() > 1:  # as TRL v0.7.1: a (1, 1) score is not taken
+                raise ValueError(
+                    f"scores[{i}] has shape {tuple(score.shape)}: scores must be 1-dimensional, one scalar per "
+                    "sample (a 0-d tensor, a float, or a 1-element 1-D tensor)."
+                )
         try:
             scores = torch.stack([torch.as_tensor(s, dtype=torch.float32).reshape(()) for s in scores]).cpu()
         except (RuntimeError, TypeError, ValueError) as err:

@@ -135,3 +135,20 @@ def test_a_model_without_lm_head_is_refused(tokenizer, tmp_path):
     tiny(tokenizer).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="has no language-model head.*AutoModelForCausalLM"):
         AutoModelForCausalLMWithValueHead.from_pretrained(AutoModel.from_pretrained(tmp_path))
+
+
+def test_state_dict_is_trl_v071_layout_and_loads_back(vmodel, tokenizer):
+    """`state_dict()` holds the language model's own keys plus `v_head.*` (TRL v0.7.1's layout: what
+    `save_pretrained` writes), `load_state_dict` takes it (or the nn.Module layout), and a parent module still sees
+    the nested `pretrained_model.*` keys."""
+    state = vmodel.state_dict()
+    assert set(state) == set(vmodel.pretrained_model.state_dict()) | {"v_head.summary.weight", "v_head.summary.bias"}
+    other = AutoModelForCausalLMWithValueHead.from_pretrained(tiny(tokenizer, seed=1)).eval()
+    assert not torch.equal(other(IDS)[2], vmodel(IDS)[2])
+    other.load_state_dict(state)
+    torch.testing.assert_close(other(IDS)[2], vmodel(IDS)[2])
+    torch.testing.assert_close(other(IDS)[0], vmodel(IDS)[0])
+    other.load_state_dict(torch.nn.Module.state_dict(vmodel))  # the prefixed layout works too
+    parent = torch.nn.ModuleDict({"policy": vmodel})
+    assert "policy.pretrained_model.lm_head.weight" in parent.state_dict()
+    assert "policy.v_head.summary.bias" in parent.state_dict()

@@ -38,6 +38,9 @@ def test_tuple_dataset_with_default_collation_trains_through_step(tokenizer):
     before = [p.detach().clone() for p in model.parameters()]
     stats = trainer.step(list(query_tensor), list(response_tensor), [torch.tensor(1.0), torch.tensor(0.0)])
     assert stats["ppo/mean_scores"] == 0.5 and stats["tokens/responses_len_mean"] == 3
+    # TRL v0.7.1's distributions: each mini-batch's advantages and ratios on its response tokens (2 x 3 tokens)
+    assert stats["ppo/policy/advantages"].shape == (6,) and stats["ppo/policy/ratio"].shape == (6,)
+    assert stats["ppo/policy/advantages"].mean().item() == pytest.approx(stats["ppo/policy/advantages_mean"], abs=1e-6)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
@@ -109,3 +112,19 @@ def test_core_respond_to_batch_samples_txt_len_tokens_with_top_k(tokenizer):
     assert torch.equal(greedy, ids[:, -3:])
     assert respond_to_batch(model, query, txt_len=3, top_p=1e-6).equal(greedy)  # nucleus of one token
     assert CoreLengthSampler is LengthSampler
+
+
+def test_step_safety_checker_and_two_dimensional_scores(tokenizer):
+    """TRL v0.7.1's `_step_safety_checker(batch_size, queries, responses, scores)` returns the checked lists (a
+    1-element score squeezed to 0-d); a (1, 1) score is refused, before any forward pass."""
+    with pytest.warns(UserWarning, match="No dataset"):
+        trainer = PPOTrainer(PPOConfig(batch_size=2, mini_batch_size=1), value_model(tokenizer), None, tokenizer)
+    queries, responses = [torch.tensor([5, 6, 7])] * 2, [torch.tensor([8, 9])] * 2
+    q, r, scores, masks = trainer._step_safety_checker(2, queries, responses, [torch.tensor([1.0]), torch.tensor(0.5)])
+    assert [t.tolist() for t in q] == [[5, 6, 7]] * 2 and [t.tolist() for t in r] == [[8, 9]] * 2 and masks is None
+    assert [s.shape for s in scores] == [torch.Size([])] * 2 and [s.item() for s in scores] == [1.0, 0.5]
+    with pytest.raises(ValueError, match="queries has 2 entries but config.batch_size is 3"):
+        trainer._step_safety_checker(3, queries, responses, [1.0, 2.0])
+    with pytest.raises(ValueError, match=r"scores\[0\] has shape \(1, 1\): scores must be 1-dimensional"):
+        trainer.step(queries, responses, [torch.tensor([[1.0]]), torch.tensor([[0.0]])])
+    assert trainer.current_step == 0
