@@ -15,6 +15,7 @@ The rewrite changes only what ties a file to TRL's repository and the hub, never
     which keeps the ids of the hub Qwen tokenizer that TRL's tests hard-code), saved under the work dir; names with
     no local stand-in (vision-language models) are left as they are, and their tests fail offline;
   - `load_dataset("trl-internal-testing/zen", ...)` -> local rows with the same columns (PEP 20 prompts).
+TRL v0.7.1's PPO / value-head / DDPO files (2023) also get the stand-ins and rules of `scripts/trl_tests_v071.py`.
 The counts are pytest's, read from its JUnit report: passed / failed (+ errors) / skipped (xfail counted apart).
 """
 

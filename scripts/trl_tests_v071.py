@@ -201,12 +201,14 @@ def _build_tiny(arch: str, model_type: str, path: Path, causal: bool, seq2seq: b
     for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id"):
         if isinstance(getattr(config, key, None), int) and getattr(config, key) >= VOCAB:
             setattr(config, key, 0)  # defaults of large vocabularies (Marian's pad 58100)
-    if seq2seq and config.decoder_start_token_id is None:  # set in the hub models' configs (T5: the pad id)
+    if seq2seq and getattr(config, "decoder_start_token_id", None) is None:  # in the hub configs (T5: the pad id)
         config.decoder_start_token_id = config.pad_token_id if config.pad_token_id is not None else 0
     cls = AutoModelForCausalLM if causal else AutoModelForSeq2SeqLM if seq2seq else AutoModel
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = cls.from_config(config)
+    if seq2seq and model.generation_config.decoder_start_token_id is None:
+        model.generation_config.decoder_start_token_id = config.decoder_start_token_id
     model.save_pretrained(path, max_shard_size="20KB" if arch.endswith("-sharded") else "5GB")
     return str(path)
 
