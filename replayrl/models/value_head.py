@@ -101,12 +101,13 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
 
     # ------------------------------------------------------------------------------------------ construction
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, peft_config=None, **kwargs):
+    def from_pretrained(cls, pretrained_model_name_or_path, peft_config=None, reward_adapter=None, **kwargs):
         """From a name/path (``v_head.*`` weights loaded when the folder has them) or a model object.
 
         Head kwargs: ``summary_dropout_prob``, ``v_head_init_strategy`` (None or "normal"),
         ``v_head_initializer_range``; the rest go to ``AutoModelForCausalLM.from_pretrained``. ``peft_config``
         wraps the language model with ``peft.get_peft_model`` (LoRA on the policy; the head stays trainable).
+        ``reward_adapter``: the folder of a PEFT reward model on the same base (`compute_reward_score`).
         """
         head_kwargs = {k: kwargs.pop(k) for k in _HEAD_KWARGS if k in kwargs}
         if isinstance(pretrained_model_name_or_path, cls):
@@ -124,7 +125,18 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
             state = _read_head_state(Path(pretrained_model_name_or_path))
             if state:
                 model.v_head.load_state_dict(state)
+        if reward_adapter is not None:
+            from replayrl.models.reward_adapter import load_reward_adapter
+
+            load_reward_adapter(model, reward_adapter)
         return model
+
+    def compute_reward_score(self, input_ids, attention_mask=None, ppo_adapter_name: str = "default", **kwargs):
+        """TRL v0.7.1: the reward adapter's scores ``(B, T, num_labels)`` at every position, without gradients
+        (`replayrl.models.reward_adapter`); the policy's adapter is active again after."""
+        from replayrl.models.reward_adapter import reward_scores
+
+        return reward_scores(self, input_ids, attention_mask, ppo_adapter_name, **kwargs)
 
     def save_pretrained(self, save_directory, **kwargs) -> None:
         """The language model's folder with the head added under ``v_head.*`` (PEFT: adapter + head file)."""
