@@ -44,6 +44,7 @@ class DistillationTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetrics
     the dataset needs a `prompt` column (text or conversation)."""
 
     _tag_names = ["trl", "distillation", "replayrl"]
+    _name = "Distillation"  # the method on the model card (replayrl.model_card.METHODS)
 
     def __init__(
         self,
