@@ -357,13 +357,18 @@ class ModelCardMixin:
         tags: str | list[str] | None = None,
         **kwargs: Any,
     ) -> None:
-        """Write the card into `output_dir` (TRL's signature; transformers' `dataset` keyword names the dataset
-        too). The dataset name is kept for the cards written after it."""
+        """Write the card and `training.png` into `output_dir` (TRL's signature; transformers' `dataset` keyword
+        names the dataset too; at a checkpoint save the plot is not redrawn). The dataset name is kept for the cards
+        written after it."""
         dataset_name = dataset_name or kwargs.get("dataset")
         if isinstance(dataset_name, str):
             self._card_dataset_name = dataset_name
+        self._write_output_card(model_name, tags, draw_plot=True)
+
+    def _write_output_card(self, model_name=None, tags=None, draw_plot: bool = False) -> None:
         if self.is_world_process_zero():
-            write_model_card(self.args.output_dir, self._card_info(model_name, tags))
+            out = self.args.output_dir
+            write_model_card(out, self._card_info(model_name, tags), metrics_dir=out if draw_plot else None)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         super().save_model(output_dir, _internal_call)
@@ -373,7 +378,7 @@ class ModelCardMixin:
             write_model_card(directory, self._card_info(name), metrics_dir=self.args.output_dir)
 
     def _save_checkpoint(self, model, trial) -> None:
-        self.create_model_card()  # as TRL: output_dir holds a current card when a checkpoint is pushed
+        self._write_output_card()  # as TRL: output_dir's card is current when a checkpoint is pushed
         super()._save_checkpoint(model, trial)
 
 

@@ -154,8 +154,11 @@ def test_ppo_train_writes_the_card(tokenizer, tmp_path):
 
 def test_ddpo_save_pretrained_writes_the_card(tmp_path):
     pytest.importorskip("diffusers")
+    from accelerate.state import AcceleratorState
+
     from tests.ddpo.conftest import tiny_trainer
 
+    AcceleratorState._reset_state(reset_partial_state=True)  # DDPO's Accelerator sets its own mixed precision
     trainer = tiny_trainer(tmp_path / "run")
     trainer.save_pretrained(tmp_path / "sd-model")
     card = check_card(tmp_path / "sd-model", "DDPO", "DDPOTrainer", base=None)
@@ -169,3 +172,29 @@ def test_unknown_trainer_name_and_no_paper():
     text = render_card(CardInfo("SFT", "SFTTrainer", "m"))
     assert "huggingface.co/papers" not in text and bibtex_entries(text) == [REPLAYRL_CITATION]
     assert torch.__version__ in text
+
+
+def test_push_to_hub_uploads_a_folder_holding_the_card(tokenizer, tmp_path, monkeypatch):
+    """transformers' `Trainer.push_to_hub` (the real method) calls `create_model_card`, then uploads `output_dir`.
+    The Hub is out of reach: only the upload call is replaced, by one that records what the folder holds then."""
+    import transformers.trainer
+
+    uploads = []
+
+    class Hub:
+        def upload_folder(self, folder_path, **kwargs):
+            folder = tmp_path / "out"
+            assert folder_path == str(folder)
+            uploads.append({p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()})
+            return kwargs["repo_id"]
+
+    monkeypatch.setattr(transformers.trainer, "hf_api", Hub)
+    trainer = build("dpo", tokenizer, str(tmp_path / "out"), hub_model_id="me/tiny-dpo")
+    trainer.hub_model_id = "me/tiny-dpo"  # the repo exists: init_hf_repo (create_repo on the Hub) is skipped
+    trainer.train()
+    assert trainer.push_to_hub(dataset_name="trl-lib/ultrafeedback_binarized") == "me/tiny-dpo"
+    (files,) = uploads
+    assert {CARD_FILE, PLOT_FILE, "model.safetensors", METRICS_FILE} <= set(files)
+    card = ModelCard(files[CARD_FILE].decode())
+    assert card.data.model_name == "tiny-dpo" and card.data.datasets == ["trl-lib/ultrafeedback_binarized"]
+    assert 'model="me/tiny-dpo"' in card.text and "https://huggingface.co/papers/2305.18290" in card.text
