@@ -5,8 +5,8 @@ the rest, with `train/` or `eval/` prefixes. Two things are added here:
 - the end-of-run summary (`train_runtime`, `train_loss`, ...): transformers' `TrackioCallback` drops it, so
   `TrackerSummaryCallback` logs it to trackio itself, with `train/global_step` as every trackio row has;
 - the completions table of `log_completions` (GRPO and the trainers built on it): as a `trackio.Table` and a
-  `wandb.Table` under `completions` (as TRL), and to TensorBoard, which has no tables, as a markdown table in a
-  text summary under `completions` (one per log step).
+  `wandb.Table` under `completions` (as TRL; with `train/global_step`, the step axis transformers gives both), and
+  to TensorBoard, which has no tables, as a markdown table in a text summary under `completions` (one per log).
 
 Trackers are optional extras (`pip install 'replayrl[trackers]'`), imported only where used.
 """
@@ -75,4 +75,4 @@ def log_completions_table(trainer: Any, table: dict[str, list]) -> None:
         import wandb
 
         if wandb.run is not None:
-            wandb.log({"completions": wandb.Table(dataframe=frame)})
+            wandb.log({"completions": wandb.Table(dataframe=frame), "train/global_step": step})

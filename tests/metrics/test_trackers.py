@@ -23,20 +23,25 @@ COLUMNS = ["prompt", "completion", "reward", "advantage", "task_reward", "length
 G = 4
 
 
+def train(root: Path, trackers: str, **env_vars: str) -> Path:
+    """Run tracker_worker.py in its own process (trackers read their folders from the environment at import)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **env_vars}
+    env.update(PYTHONPATH=str(Path(__file__).parents[2]), HF_HUB_DISABLE_TELEMETRY="1")
+    cmd = [sys.executable, str(WORKER), str(root / "out"), trackers]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return root / "out"
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """(metrics.jsonl records, trackio rows by step, TensorBoard scalars {tag: {step: value}}, TB texts {step: md})."""
     root = tmp_path_factory.mktemp("trackers")
-    env = {**os.environ, "TRACKIO_DIR": str(root / "trackio"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    env.update(PYTHONPATH=str(Path(__file__).parents[2]), HF_HUB_DISABLE_TELEMETRY="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), str(root / "out")], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    out = train(root, "trackio,tensorboard", TRACKIO_DIR=str(root / "trackio"))
     return (
-        read_metrics(root / "out" / METRICS_FILE),
+        read_metrics(out / METRICS_FILE),
         trackio_rows(root / "trackio" / f"{PROJECT}.db"),
-        *tensorboard_events(root / "out" / "runs"),
+        *tensorboard_events(out / "runs"),
     )
 
 
@@ -69,6 +74,11 @@ def parse_markdown(text: str) -> list[dict]:
     return [dict(zip(names, row)) for row in cells]
 
 
+def tracker_tag(key: str) -> str:
+    """transformers' `rewrite_logs`: eval_x -> eval/x, anything else -> train/x."""
+    return key.replace("eval_", "eval/", 1) if key.startswith("eval_") else f"train/{key}"
+
+
 def test_every_metric_reaches_trackio_and_tensorboard(run):
     records, trackio, scalars, _ = run
     checked = 0
@@ -77,7 +87,7 @@ def test_every_metric_reaches_trackio_and_tensorboard(run):
         for key, value in record.items():
             if key == "step" or value is None:
                 continue
-            tag = key.replace("eval_", "eval/", 1) if key.startswith("eval_") else f"train/{key}"
+            tag = tracker_tag(key)
             assert trackio[step][tag] == pytest.approx(value, rel=1e-6), (step, key)
             assert scalars[tag][step] == pytest.approx(value, rel=1e-5, abs=1e-7), (step, key)
             checked += 1
@@ -109,3 +119,53 @@ def test_completions_table_in_trackio_and_tensorboard(run):
         for tb, tr in zip(tb_rows, rows):
             assert float(tb["advantage"]) == pytest.approx(tr["advantage"], rel=1e-3, abs=1e-3)
             assert math.isclose(float(tb["reward"]), tr["reward"], rel_tol=1e-3)
+
+
+def wandb_records(run_file: Path) -> list:
+    """The protobuf records of an offline run's `.wandb` file (a LevelDB-style log: a 7-byte header, then 32 KiB
+    blocks of records, each with a 7-byte header: crc32, length, kind 1 full / 2 first / 3 middle / 4 last)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    raw, pos, pieces, out = run_file.read_bytes(), 7, b"", []
+    assert raw[:4] == b":W&B"
+    while pos + 7 <= len(raw):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _, length, kind = struct.unpack("<IHB", raw[pos : pos + 7])
+        pieces, pos = pieces + raw[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pieces)
+            out.append(record)
+            pieces = b""
+    return out
+
+
+def test_wandb_offline_gets_every_metric_and_the_table(tmp_path):
+    pytest.importorskip("wandb")
+    out = train(tmp_path, "wandb", WANDB_MODE="offline", WANDB_DIR=str(tmp_path), WANDB_SILENT="true")
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    by_step, summary = defaultdict(dict), {}
+    for record in wandb_records(next(run_dir.glob("run-*.wandb"))):
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            values = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+            by_step[values["train/global_step"]].update(values)
+        elif kind == "summary":
+            summary.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.summary.update})
+    records = read_metrics(out / METRICS_FILE)
+    for record in records:
+        for key, value in record.items():
+            if key != "step" and value is not None:  # the end-of-run summary goes to the run's summary (transformers)
+                logged = by_step[record["step"]].get(tracker_tag(key), summary.get(tracker_tag(key), summary.get(key)))
+                assert logged == pytest.approx(value, rel=1e-6), key
+    for record in records:
+        if "replay/groups_replaced" in record:
+            table_file = by_step[record["step"]]["completions/path"]  # a wandb.Table is a JSON file of the run
+            data = json.loads((run_dir / "files" / table_file).read_text())
+            assert data["columns"] == COLUMNS and len(data["data"]) == 8
+            replayed = [row[COLUMNS.index("replayed")] for row in data["data"]]
+            assert sum(replayed) == record["replay/groups_replaced"] * G

@@ -1,7 +1,7 @@
 """A GRPO-with-replay run reporting to trackio and TensorBoard with `log_completions` (run by test_trackers.py in
 its own process, so that trackio, which reads TRACKIO_DIR once at import, writes under the test's folder).
 
-    python tracker_worker.py OUTPUT_DIR   (TRACKIO_DIR set by the caller)
+    python tracker_worker.py OUTPUT_DIR TRACKER[,TRACKER...]   (TRACKIO_DIR / WANDB_DIR set by the caller)
 """
 
 import sys
@@ -30,7 +30,7 @@ if __name__ == "__main__":
     args = GRPOWithReplayBufferConfig(
         output_dir=sys.argv[1], per_device_train_batch_size=8, num_generations=4, max_completion_length=6,
         max_prompt_length=32, max_steps=6, learning_rate=5e-2, beta=0.0, replay_buffer_size=8, logging_steps=1,
-        save_strategy="no", report_to=["trackio", "tensorboard"], log_completions=True, project=PROJECT,
+        save_strategy="no", report_to=sys.argv[2].split(","), log_completions=True, project=PROJECT,
         run_name=RUN, reward_weights=[1.0, 0.0], use_cpu=True, seed=0, disable_tqdm=True,
     )  # fmt: skip
     trainer = GRPOWithReplayBufferTrainer(
