@@ -169,3 +169,24 @@ def test_wandb_offline_gets_every_metric_and_the_table(tmp_path):
             assert data["columns"] == COLUMNS and len(data["data"]) == 8
             replayed = [row[COLUMNS.index("replayed")] for row in data["data"]]
             assert sum(replayed) == record["replay/groups_replaced"] * G
+
+
+def test_distillation_completions_reach_tensorboard(tokenizer, tmp_path):
+    """DistillationTrainer's `log_completions` (prompt and completion) in TensorBoard, in this process."""
+    from replayrl import DistillationConfig, DistillationTrainer
+    from replayrl.models.tiny import build_tiny_model, prompt_dataset
+
+    size = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
+    args = DistillationConfig(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, max_steps=2, max_completion_length=6,
+        logging_steps=1, save_strategy="no", report_to="tensorboard", log_completions=True, use_cpu=True, seed=0,
+        disable_tqdm=True, bf16=False, gradient_checkpointing=False,
+    )  # fmt: skip
+    student, teacher = build_tiny_model(tokenizer, seed=0, **size), build_tiny_model(tokenizer, seed=1, **size)
+    data = prompt_dataset(16)
+    DistillationTrainer(student, teacher, args=args, train_dataset=data, processing_class=tokenizer).train()
+    scalars, texts = tensorboard_events(tmp_path / "out" / "runs")
+    assert sorted(texts) == [1, 2] and {1, 2} <= set(scalars["train/loss"])
+    rows = parse_markdown(texts[1])
+    assert len(rows) == 8 and list(rows[0]) == ["prompt", "completion"]
+    assert {r["prompt"] for r in rows} <= set(data["prompt"])
