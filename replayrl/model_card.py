@@ -208,6 +208,7 @@ class CardInfo:
     settings: dict[str, Any] | None = None
     figures: tuple[str, ...] = ()
     plot: bool = False
+    lora: bool = False  # the folder holds LoRA weights only (DDPO with use_lora)
 
 
 _QUICK_START: dict[str, str] = {
@@ -227,7 +228,13 @@ print(model(**inputs).logits[0, 0].item())  # the reward: higher is preferred"""
 
 pipe = StableDiffusionPipeline.from_pretrained("{model}")
 image = pipe("a photo of a cat").images[0]""",
+    "diffusion-lora": """from diffusers import StableDiffusionPipeline
+
+pipe = StableDiffusionPipeline.from_pretrained("{base}")
+pipe.load_lora_weights("{model}")  # the trained LoRA of the UNet
+image = pipe("a photo of a cat").images[0]""",
 }
+LORA_WEIGHTS = "pytorch_lora_weights.safetensors"  # what a LoRA DDPO run saves
 
 
 def render_card(info: CardInfo) -> str:
@@ -243,8 +250,11 @@ def render_card(info: CardInfo) -> str:
         tags=["generated_from_trainer", *dict.fromkeys(info.tags)],
     )
     parts = [f"---\n{data.to_yaml()}\n---\n", f"# Model Card for {info.model_name}\n", _intro(info) + "\n"]
-    model = info.hub_model_id or info.model_name
-    parts.append(f"## Quick start\n\n```python\n{_QUICK_START[method.usage].format(model=model)}\n```\n")
+    model, usage = info.hub_model_id or info.model_name, method.usage
+    if usage == "diffusion" and info.lora:
+        usage = "diffusion-lora"
+    snippet = _QUICK_START[usage].format(model=model, base=info.base_model or "<the base pipeline>")
+    parts.append(f"## Quick start\n\n```python\n{snippet}\n```\n")
     parts.append("## Training procedure\n\n" + _method_line(info.trainer_name, method) + "\n")
     if info.settings:
         rows = "\n".join(f"| `{k}` | `{v!r}` |" for k, v in info.settings.items())
@@ -294,6 +304,7 @@ def write_model_card(directory: str | Path, info: CardInfo, metrics_dir: str | P
         except PlotUnavailable:
             pass
     info.plot = (directory / PLOT_FILE).is_file()
+    info.lora = (directory / LORA_WEIGHTS).is_file()
     path = directory / CARD_FILE
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(render_card(info))
@@ -383,17 +394,16 @@ class ModelCardMixin:
 
 
 def write_card_for_run(
-    directory: str | Path, trainer: Any, name: str, run_dir: str | Path | None, model: Any = None
+    directory: str | Path, trainer: Any, name: str, run_dir: str | Path | None, base_model: str | None = None
 ) -> Path:
     """The card of a trainer with its own loop (PPO, DDPO): `name` is its `METHODS` key, `run_dir` holds its
-    `metrics.jsonl`, `model` (if given) names the base model through its config."""
-    config = getattr(model, "config", None)
+    `metrics.jsonl`, `base_model` is a model's `name_or_path` (kept only when it is a Hub id)."""
     info = card_info_for_run(
         name,
         type(trainer).__name__,
         Path(directory).resolve().name,
         run_dir if run_dir is not None else directory,
-        base_model=hub_base_model(getattr(config, "_name_or_path", None)),
+        base_model=hub_base_model(base_model),
         tags=("replayrl", name.lower()),
     )
     return write_model_card(directory, info, metrics_dir=run_dir)

@@ -92,7 +92,7 @@ def check_card(directory, name: str, trainer_class: str, base: str | None = BASE
         assert f"https://huggingface.co/papers/{method.paper_id}" in text and method.citation in entries
     for package in ("transformers", "torch", "datasets", "accelerate"):
         assert f"\n- {package}: {version(package)}\n" in text
-    assert f'model="{directory.name}"' in text or f'from_pretrained("{directory.name}")' in text  # quick start
+    assert any(f'{call}"{directory.name}")' in text for call in ("model=", "from_pretrained(", "load_lora_weights("))
     return card
 
 
@@ -159,10 +159,13 @@ def test_ddpo_save_pretrained_writes_the_card(tmp_path):
     from tests.ddpo.conftest import tiny_trainer
 
     AcceleratorState._reset_state(reset_partial_state=True)  # DDPO's Accelerator sets its own mixed precision
-    trainer = tiny_trainer(tmp_path / "run")
+    trainer = tiny_trainer(tmp_path / "run")  # LoRA on the UNet
+    trainer.sd_pipeline.sd_pipeline.register_to_config(_name_or_path="stable-diffusion-v1-5/stable-diffusion-v1-5")
     trainer.save_pretrained(tmp_path / "sd-model")
-    card = check_card(tmp_path / "sd-model", "DDPO", "DDPOTrainer", base=None)
-    assert card.data.library_name == "diffusers" and "StableDiffusionPipeline.from_pretrained" in card.text
+    card = check_card(tmp_path / "sd-model", "DDPO", "DDPOTrainer", base="stable-diffusion-v1-5/stable-diffusion-v1-5")
+    assert card.data.library_name == "diffusers"
+    assert 'from_pretrained("stable-diffusion-v1-5/stable-diffusion-v1-5")' in card.text
+    assert 'pipe.load_lora_weights("sd-model")' in card.text  # the folder holds the LoRA weights only
 
 
 def test_unknown_trainer_name_and_no_paper():

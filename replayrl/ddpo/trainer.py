@@ -346,7 +346,8 @@ class DDPOTrainer:
         """The trained weights, loadable with diffusers (see `DefaultDDPOStableDiffusionPipeline.save_pretrained`)."""
         if self.accelerator.is_main_process:
             self.sd_pipeline.save_pretrained(str(save_directory))
-            write_card_for_run(save_directory, self, "DDPO", self.run_dir)
+            base = getattr(getattr(self.sd_pipeline, "sd_pipeline", None), "name_or_path", None)
+            write_card_for_run(save_directory, self, "DDPO", self.run_dir, base)
 
     _save_pretrained = save_pretrained  # TRL v0.7.1's name
 

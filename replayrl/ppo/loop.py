@@ -68,9 +68,8 @@ def train(
         model = trainer.accelerator.unwrap_model(trainer.model)
         model.save_pretrained(config.output_dir)
         trainer.tokenizer.save_pretrained(config.output_dir)
-        write_card_for_run(
-            config.output_dir, trainer, "PPO", config.output_dir, getattr(model, "pretrained_model", model)
-        )
+        base = getattr(getattr(getattr(model, "pretrained_model", model), "config", None), "_name_or_path", None)
+        write_card_for_run(config.output_dir, trainer, "PPO", config.output_dir, base)
     return stats
 
 
