@@ -95,6 +95,8 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
         prompts = decode([rollout.prompt_ids[i][rollout.prompt_mask[i].bool()].tolist() for i in rows])
         ids = [rollout.completion_ids[i][rollout.completion_mask[i].bool()].tolist() for i in rows]
         completions = decode(ids, skip_special_tokens=True)
+        for column in ("prompt", "completion", "reward", *self.reward_funcs.names):
+            table[column] = list(table[column])  # copies: the lists may be the caller's
         for k, i in enumerate(rows):
             table["prompt"][i], table["completion"][i] = prompts[k], completions[k]
             table["reward"][i] = float(rollout.rewards[i])

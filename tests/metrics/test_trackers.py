@@ -101,7 +101,8 @@ def test_completions_table_in_trackio_and_tensorboard(run):
     records, trackio, _, texts = run
     replaced = {r["step"]: r["replay/groups_replaced"] for r in records if "replay/groups_replaced" in r}
     assert sum(replaced.values()) > 0  # the run did replay groups
-    for step, groups in replaced.items():
+    fresh = set()  # (prompt, completion, reward) of every fresh row so far: a replayed row is one of them
+    for step, groups in sorted(replaced.items()):
         table = trackio[step]["completions"]
         assert table["_type"] == "trackio.table"
         rows = table["_value"]
@@ -109,10 +110,12 @@ def test_completions_table_in_trackio_and_tensorboard(run):
         assert sum(row["replayed"] for row in rows) == groups * G
         for row in rows:
             if row["replayed"]:  # stored text and reward; the buffer keeps no per-function rewards
-                assert row["task_reward"] in (None, "NaN") and row["completion"] is not None
+                assert row["task_reward"] in (None, "NaN")
+                assert (row["prompt"], row["completion"], row["reward"]) in fresh
             else:  # reward_weights [1, 0]: the reward is the task reward
                 assert row["reward"] == pytest.approx(row["task_reward"])
                 assert row["length_reward"] == pytest.approx(len(row["completion"]) / 10)
+        fresh |= {(r["prompt"], r["completion"], r["reward"]) for r in rows if not r["replayed"]}
         tb_rows = parse_markdown(texts[step])
         assert list(tb_rows[0]) == COLUMNS
         assert [r["replayed"] == "True" for r in tb_rows] == [r["replayed"] for r in rows]
