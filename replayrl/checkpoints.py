@@ -22,6 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from replayrl.model_card import ModelCardMixin
+
 COMPLETE_MARKER = "replayrl_complete.json"
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
@@ -237,8 +239,9 @@ def check_settings(checkpoint_dir: str | os.PathLike, current: dict[str, Any], a
 
 
 # --------------------------------------------------------------------------------------------- Trainer glue
-class SafeCheckpointsMixin:
-    """Safe checkpoints for any `transformers.Trainer` subclass (put it first among the bases).
+class SafeCheckpointsMixin(ModelCardMixin):
+    """Safe checkpoints for any `transformers.Trainer` subclass (put it first among the bases). Through
+    `ModelCardMixin`, every save also writes the model card (`replayrl.model_card`).
 
     Each save writes the subclass's `_extra_state()` (per process) inside the checkpoint, then the completeness
     marker with `_checkpoint_settings()`, and only then lets old checkpoints be rotated away. `train()` resumes

@@ -3,6 +3,7 @@
     replayrl grpo [--config recipe.yaml] [--<flag> value ...]   GRPO + replay buffer (built-in job without a model)
     replayrl plot RUN_DIR                                        re-draw a run's plot from its metrics.jsonl
     replayrl verify CHECKPOINT                                   check a checkpoint's files against their checksums
+    replayrl env                                                 print the versions and the device (for a bug report)
 
 Each subcommand module has `run(argv) -> int`. Bad input raises `CLIError`: one line on stderr, exit status 2.
 This module imports nothing heavy, so `replayrl --help` and a mistyped command answer at once.
@@ -58,6 +59,7 @@ COMMANDS: dict[str, tuple[str, str]] = {  # the post-training pipeline in order,
     "vllm-serve": ("replayrl.cli.vllm_serve", "serve a model with vLLM for GRPO's vllm_mode='server' (loopback)"),
     "plot": ("replayrl.cli.plot", "re-draw a run's plot from its metrics.jsonl"),
     "verify": ("replayrl.cli.verify", "check a checkpoint's files against the checksums its save recorded"),
+    "env": ("replayrl.cli.env", "print the versions and the device, one line each, for a bug report"),
 }
 
 

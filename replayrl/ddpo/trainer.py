@@ -39,6 +39,7 @@ from replayrl.ddpo.config import DDPOConfig
 from replayrl.ddpo.pipeline import DDPOStableDiffusionPipeline, encode_prompts, guided_noise_pred
 from replayrl.ddpo.state import latest_checkpoint, load_checkpoint_state, mark_checkpoint
 from replayrl.metrics import METRICS_FILE, MetricsFile
+from replayrl.model_card import write_card_for_run
 
 logger = logging.getLogger(__name__)
 STATE_NAME = "ddpo_state"
@@ -360,6 +361,8 @@ class DDPOTrainer:
         """The trained weights, loadable with diffusers (see `DefaultDDPOStableDiffusionPipeline.save_pretrained`)."""
         if self.accelerator.is_main_process:
             self.sd_pipeline.save_pretrained(str(save_directory))
+            base = getattr(getattr(self.sd_pipeline, "sd_pipeline", None), "name_or_path", None)
+            write_card_for_run(save_directory, self, "DDPO", self.run_dir, base)
 
     _save_pretrained = save_pretrained  # TRL v0.7.1's name
 

@@ -30,6 +30,7 @@ from replayrl.generation import build_backend
 from replayrl.generation.hf import build_generation_config
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.metrics.means import MeanMetricsMixin
+from replayrl.metrics.trackers import log_completions_table
 from replayrl.models.lm_head import forward_to_head
 from replayrl.models.loading import apply_peft, disable_dropout, load_model, load_tokenizer, model_id
 from replayrl.models.prompt_learning import refuse_prompt_learning
@@ -44,6 +45,7 @@ class DistillationTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetrics
     the dataset needs a `prompt` column (text or conversation)."""
 
     _tag_names = ["trl", "distillation", "replayrl"]
+    _name = "Distillation"  # the method on the model card (replayrl.model_card.METHODS)
 
     def __init__(
         self,
@@ -220,12 +222,15 @@ class DistillationTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetrics
         return loss.detach(), None, None
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if self.args.log_completions and self._last_completions:
-            limit = self.args.num_completions_to_print or len(self._last_completions)
-            for prompt, completion in self._last_completions[:limit]:
+        rows = self._last_completions if self.args.log_completions else []
+        if rows:
+            limit = self.args.num_completions_to_print or len(rows)
+            for prompt, completion in rows[:limit]:
                 print(f"prompt: {prompt!r}  completion: {completion!r}")
             self._last_completions = []
         super().log(logs, start_time)
+        if rows and self.accelerator.is_main_process:  # the trackers of report_to get the main process's rows
+            log_completions_table(self, {"prompt": [p for p, _ in rows], "completion": [c for _, c in rows]})
 
 
 class _StepPrompts:

@@ -86,6 +86,7 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
     may also be given here, and override `args`."""
 
     _tag_names = ["trl", "dpo", "replayrl"]
+    _name = "DPO"  # the method on the model card (replayrl.model_card.METHODS)
 
     def __init__(
         self,

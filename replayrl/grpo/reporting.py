@@ -95,6 +95,10 @@ class GRPOMetricsMixin:
             sums["policy_loss"] = (objective.policy_loss * steps, torch.ones((), device=objective.policy_loss.device))
         self._reduce_means(mode, sums)
 
+    def _model_card_figures(self) -> dict:
+        """The model card's headline figures beyond metrics.jsonl (replayrl.model_card)."""
+        return {"completions generated": getattr(self, "_completions_generated", 0)}
+
     def _extra_loss_metrics(self, batch: Rollout, logps: Tensor, behaviour: Tensor, mask: Tensor) -> dict:
         """Hook: more (sum, count) metrics from the loss pass."""
         return {}
@@ -107,6 +111,7 @@ class GRPOMetricsMixin:
         if mode == "train":
             self._total_tokens += int(tokens)
             metrics["num_tokens"] = [float(self._total_tokens)]
+            self._completions_generated = getattr(self, "_completions_generated", 0) + lengths.numel()
         names, G = self.reward_funcs.names, self._group_size(mode)
         for key, value in generation_metrics(lengths, all_truncated, all_per_func, all_rewards, names, G).items():
             metrics[key].append(value)
@@ -202,10 +207,15 @@ class GRPOMetricsMixin:
             self._logs.update(rewards=defaultdict(column), extra=defaultdict(column))
         return self._logs
 
-    def _print_completions(self) -> None:
+    def _print_completions(self) -> dict[str, list] | None:
+        """Print the completions table (every process's rows); returns it on the main process, else None."""
         table = {k: gather_object(v) for k, v in self._last_completions.items()}
         self._last_completions = {}
         if not self.accelerator.is_main_process:
-            return
+            return None
         rows = completions_table(table, self.args.num_completions_to_print, self.args.log_unique_prompts)
         print("\n" + format_table(rows))
+        if self.args.log_unique_prompts:  # the trackers get every row, one per prompt with this flag (as TRL)
+            kept = completions_table(table, None, True)
+            table = {k: [row[k] for row in kept] for k in table}
+        return table

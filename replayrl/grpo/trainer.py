@@ -46,6 +46,7 @@ from replayrl.grpo.streaming import StreamingDataMixin
 from replayrl.grpo.tools import ToolCallingMixin, accepts_completion_idx, tools_by_name
 from replayrl.grpo.trl_methods import TRLMethodsMixin
 from replayrl.metrics.callback import attach_metrics_file
+from replayrl.metrics.trackers import log_completions_table
 from replayrl.models.attention import is_peft_model
 from replayrl.models.loading import apply_peft, disable_dropout, load_model, load_tokenizer, model_id
 from replayrl.models.peft_reference import add_reference_adapter, reference_adapter
@@ -73,6 +74,7 @@ class GRPOTrainer(
     """TRL-compatible GRPO trainer. Arguments as TRL 1.16's `GRPOTrainer` (docs/grpo.md)."""
 
     _tag_names = ["trl", "grpo", "replayrl"]
+    _name = "GRPO"  # the method on the model card (replayrl.model_card.METHODS)
     # TRL 1.16 refuses train_dataset=None at construction (unless an environment owns the data)
     _train_dataset_optional = False
     # TRL 1.16 copies a passed PeftModel's adapter to a frozen "ref" adapter only when beta != 0 (RLOO: always)
@@ -467,14 +469,16 @@ class GRPOTrainer(
         prefix = "eval_" if mode == "eval" else ""
         logs.update({prefix + k: v for k, v in metrics.items()})  # in place: evaluate() returns them too
         self._metrics[mode].clear()
-        if self.args.log_completions and self._last_completions:
-            self._print_completions()
+        table = self._print_completions() if self.args.log_completions and self._last_completions else None
         super().log(logs, start_time)
+        if table:  # after the metrics, as TRL: the trackers of report_to get the table (main process)
+            log_completions_table(self, table)
 
     # ----------------------------------------------------------------------------------------- checkpoints
     def _extra_state(self) -> dict:
         """Trainer state that plain Trainer checkpoints lack. Subclasses extend it."""
         state = {"step": self._step, "total_tokens": self._total_tokens, "micro_batches": None, "ref_model": None}
+        state["completions_generated"] = getattr(self, "_completions_generated", 0)  # the model card's figure
         state["entropy_control"] = self.entropy_control.state_dict()  # adaptive entropy coefficient
         if self._micro_batches is not None and self._step % self.generate_every != 0:  # mid-generation cycle
             state["micro_batches"] = [mb.to("cpu").state_dict() for mb in self._micro_batches]
@@ -485,6 +489,7 @@ class GRPOTrainer(
     def _load_extra_state(self, state: dict) -> None:
         self._step = state["step"]
         self._total_tokens = state["total_tokens"]
+        self._completions_generated = state.get("completions_generated", 0)
         if state.get("entropy_control") is not None:
             self.entropy_control.load_state_dict(state["entropy_control"])
         if state["micro_batches"] is not None:

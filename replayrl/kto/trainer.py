@@ -49,6 +49,7 @@ class KTOTrainer(ReferenceModelMixin, OwnLossScalingMixin, SafeCheckpointsMixin,
     """TRL-compatible KTO trainer: `KTOTrainer(model, ref_model=None, args=KTOConfig(...), train_dataset=...)`."""
 
     _tag_names = ["trl", "kto", "replayrl"]
+    _name = "KTO"  # the method on the model card (replayrl.model_card.METHODS)
 
     def __init__(
         self,

@@ -25,6 +25,11 @@ class MetricsFileCallback(TrainerCallback):
 
 
 def attach_metrics_file(trainer) -> None:
-    """Give `trainer` a MetricsFileCallback writing to its `output_dir`, unless it already has one."""
+    """Give `trainer` a MetricsFileCallback writing to its `output_dir`, unless it already has one (and, with
+    trackio in `report_to`, the `TrackerSummaryCallback`)."""
     if not any(isinstance(cb, MetricsFileCallback) for cb in trainer.callback_handler.callbacks):
         trainer.add_callback(MetricsFileCallback(Path(trainer.args.output_dir) / METRICS_FILE))
+    from replayrl.metrics.trackers import TrackerSummaryCallback, reports_to
+
+    if reports_to(trainer.args, "trackio"):  # the end-of-run summary transformers' TrackioCallback drops
+        trainer.add_callback(TrackerSummaryCallback())

@@ -17,6 +17,7 @@ from transformers import GenerationConfig
 
 from replayrl.data.prompts import is_conversational, prompts_to_text, tokenize_prompts
 from replayrl.generation.hf import generate_completions
+from replayrl.model_card import write_card_for_run
 from replayrl.ppo.checkpoint import load_checkpoint, save_checkpoint
 from replayrl.rewards.functions import RewardFunctions
 
@@ -64,8 +65,11 @@ def train(
         if config.save_steps and config.output_dir and (step + 1) % config.save_steps == 0:
             save_checkpoint(trainer, config.output_dir, step + 1)
     if config.output_dir and trainer.accelerator.is_main_process:
-        trainer.accelerator.unwrap_model(trainer.model).save_pretrained(config.output_dir)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        model.save_pretrained(config.output_dir)
         trainer.tokenizer.save_pretrained(config.output_dir)
+        base = getattr(getattr(getattr(model, "pretrained_model", model), "config", None), "_name_or_path", None)
+        write_card_for_run(config.output_dir, trainer, "PPO", config.output_dir, base)
     return stats
 
 

@@ -34,6 +34,7 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
     """[`GRPOTrainer`] with a replay buffer. Same constructor; `args` is a [`GRPOWithReplayBufferConfig`]."""
 
     _tag_names = ["trl", "grpo", "replayrl", "replay-buffer"]
+    _name = "GRPO with replay buffer"  # the method on the model card (replayrl.model_card.METHODS)
     # TRL's replay trainer tests build it without data to call update_with_replay_buffer & co.; train() refuses
     _train_dataset_optional = True
 
@@ -73,8 +74,34 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
             zero = algos.zero_std_groups(rollout.rewards, self.num_generations, self.args.replay_zero_std_atol)
             all_zero = self.accelerator.gather(zero)
             self._metrics["train"]["replay/frac_zero_std_trained"].append(float(all_zero.float().mean()))
-            return rollout
-        return self._replace_zero_std_groups(rollout)
+        else:
+            rollout = self._replace_zero_std_groups(rollout)
+        self._table_shows_trained_rows(rollout)
+        return rollout
+
+    def _table_shows_trained_rows(self, rollout: Rollout) -> None:
+        """With `log_completions`: the completions table shows what is trained, a `replayed` column says which
+        rows came from the buffer; those show their stored text, reward and advantage (their per-function rewards
+        are None: the buffer keeps only the weighted sum)."""
+        table = self._last_completions
+        if not (self.args.log_completions and table) or len(table["prompt"]) != rollout.num_rows:
+            return
+        replayed = rollout.replayed.tolist()
+        table["replayed"], table["advantage"] = replayed, rollout.advantages.tolist()
+        rows = [i for i, flag in enumerate(replayed) if flag]
+        if not rows:
+            return
+        decode = self.processing_class.batch_decode
+        prompts = decode([rollout.prompt_ids[i][rollout.prompt_mask[i].bool()].tolist() for i in rows])
+        ids = [rollout.completion_ids[i][rollout.completion_mask[i].bool()].tolist() for i in rows]
+        completions = decode(ids, skip_special_tokens=True)
+        for column in ("prompt", "completion", "reward", *self.reward_funcs.names):
+            table[column] = list(table[column])  # copies: the lists may be the caller's
+        for k, i in enumerate(rows):
+            table["prompt"][i], table["completion"][i] = prompts[k], completions[k]
+            table["reward"][i] = float(rollout.rewards[i])
+            for name in self.reward_funcs.names:
+                table[name][i] = None
 
     def _replace_zero_std_groups(self, rollout: Rollout) -> Rollout:
         """Draw buffered groups for the global batch's zero-std groups (one draw, the same on every process), then

@@ -101,6 +101,7 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
     `tokenizer=` and `max_length=`."""
 
     _tag_names = ["trl", "reward-trainer", "replayrl"]
+    _name = "Reward"  # the method on the model card (replayrl.model_card.METHODS)
 
     def __init__(
         self,

@@ -32,6 +32,7 @@ class RLOOTrainer(GRPOWithReplayBufferTrainer):
     the same arguments as [`GRPOTrainer`] (and TRL's `RLOOTrainer`)."""
 
     _tag_names = ["trl", "rloo", "replayrl"]
+    _name = "RLOO"  # the method on the model card (replayrl.model_card.METHODS)
     _ref_adapter_needs_beta = False  # TRL 1.16's RLOO adds the "ref" adapter whatever beta
 
     @staticmethod

@@ -82,6 +82,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
     """
 
     _tag_names = ["trl", "sft", "replayrl"]
+    _name = "SFT"  # the method on the model card (replayrl.model_card.METHODS)
 
     def __init__(
         self,
