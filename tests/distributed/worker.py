@@ -1,0 +1,51 @@
+"""Run under `accelerate launch --num_processes 2` by tests/distributed/test_strategies.py, under one strategy
+(`tests.distributed.launch`): `python worker.py OUT NAME...` runs each named trainer's "2 processes == 1" worker
+in turn (one process start and one DeepSpeed import for all) and saves {name: result} from the main process."""
+
+import os
+import sys
+
+import torch
+
+from replayrl.distributed import end_distributed
+from tests.distributed.launch import setup_worker
+
+
+def dpo(out: str) -> dict:
+    from tests.dpo.distributed_worker import result, run
+
+    return result(run(out, per_device_batch=4))
+
+
+def reward(out: str) -> dict:
+    from tests.reward.distributed_worker import result, run
+
+    return result(run(out, per_device_batch=4))
+
+
+def grpo(out: str) -> dict:
+    from tests.grpo.distributed_worker import grpo_step
+
+    return grpo_step(out)
+
+
+def grpo_no_gather(out: str) -> dict:
+    """ZeRO-3 generation without gathering (synced_gpus, weights fetched layer by layer): same seed as `grpo`."""
+    from tests.grpo.distributed_worker import grpo_step
+
+    return grpo_step(out, ds3_gather_for_generation=False)
+
+
+WORKERS = {f.__name__: f for f in (dpo, reward, grpo, grpo_no_gather)}
+
+
+def main(out: str, names: list[str]) -> None:
+    setup_worker()
+    results = {name: WORKERS[name](os.path.join(out, name)) for name in names}
+    if int(os.environ.get("RANK", "0")) == 0:
+        torch.save(results, os.path.join(out, "result.pt"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
+    end_distributed()
