@@ -58,7 +58,9 @@ def launch_strategy(strategy: str, worker: Path, out: Path, port: int, *args: st
     out.mkdir(parents=True, exist_ok=True)
     flags, env = strategy_flags(strategy, out)
     cmd = [sys.executable, "-m", "accelerate.commands.launch", *flags, "--main_process_port", str(port)]
-    proc = subprocess.run([*cmd, str(worker), str(out), *args], env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [*cmd, str(worker), str(out), *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return torch.load(out / "result.pt", weights_only=False)
 

@@ -83,3 +83,41 @@ def test_reward(launched, tmp_path):
     strategy, results = launched
     assert_sharded(strategy, results["reward"]["sharding"])
     check_two_equal_one(results["reward"], tmp_path)
+
+
+@pytest.mark.slow
+def test_rloo(launched, tokenizer, tmp_path):
+    from tests.rloo.test_distributed import check_two_equal_one
+
+    strategy, results = launched
+    assert_sharded(strategy, results["rloo"]["sharding"])
+    check_two_equal_one(results["rloo"], tokenizer, tmp_path)
+
+
+@pytest.mark.slow
+def test_kto(launched, tokenizer, tmp_path):
+    from tests.kto.test_distributed import check_two_equal_one
+
+    strategy, results = launched
+    assert_sharded(strategy, results["kto"]["sharding"])
+    check_two_equal_one(results["kto"], tokenizer, tmp_path)
+
+
+@pytest.mark.slow
+def test_sft(launched, tmp_path):
+    from tests.sft.test_distributed import check_two_equal_one
+
+    strategy, results = launched
+    assert_sharded(strategy, results["sft"]["sharding"])
+    check_two_equal_one(results["sft"], tmp_path)
+
+
+@pytest.mark.slow
+def test_distillation(launched, tokenizer, tmp_path):
+    from tests.distillation.test_distributed import check_two_equal_one
+
+    strategy, results = launched
+    assert_sharded(strategy, results["distillation"]["sharding"])
+    if strategy == "zero3":  # the teacher is a partitioned inference engine, never trained
+        assert_sharded(strategy, results["distillation"]["teacher_sharding"])
+    check_two_equal_one(results["distillation"], tokenizer, tmp_path)

@@ -36,7 +36,31 @@ def grpo_no_gather(out: str) -> dict:
     return grpo_step(out, ds3_gather_for_generation=False)
 
 
-WORKERS = {f.__name__: f for f in (dpo, reward, grpo, grpo_no_gather)}
+def rloo(out: str) -> dict:
+    from tests.rloo.distributed_worker import run
+
+    return run(out)
+
+
+def kto(out: str) -> dict:
+    from tests.kto.distributed_worker import run
+
+    return run(out)
+
+
+def sft(out: str) -> dict:
+    from tests.sft.distributed_worker import run
+
+    return run(out, packing=True)
+
+
+def distillation(out: str) -> dict:
+    from tests.distillation.distributed_worker import run
+
+    return run(out)
+
+
+WORKERS = {f.__name__: f for f in (dpo, reward, grpo, grpo_no_gather, rloo, kto, sft, distillation)}
 
 
 def main(out: str, names: list[str]) -> None:
