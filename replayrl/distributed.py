@@ -38,11 +38,11 @@ def check_launch_settings(args) -> None:
 
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true" or args is None:
         return
-    if getattr(args, "use_cpu", False):
+    if getattr(args, "use_cpu", False) or os.environ.get("ACCELERATE_USE_CPU", "false").lower() == "true":
         raise ValueError(
-            "use_cpu=True under DeepSpeed (accelerate launch with a deepspeed config): accelerate would train "
-            "without DeepSpeed. On CPU pass use_cpu=False and ddp_backend='gloo' (--use_cpu false --ddp_backend "
-            "gloo) and set DS_ACCELERATOR=cpu; see docs/distributed.md."
+            "use_cpu=True (or ACCELERATE_USE_CPU) under DeepSpeed (accelerate launch with a deepspeed config): "
+            "accelerate would train without DeepSpeed. On CPU pass use_cpu=False and ddp_backend='gloo' "
+            "(--use_cpu false --ddp_backend gloo) and set DS_ACCELERATOR=cpu; see docs/distributed.md."
         )
     torch = sys.modules.get("torch")
     has_gpu = torch is not None and torch.cuda.is_available()

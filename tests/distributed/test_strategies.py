@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.distributed.launch import launch_strategy
+from tests.distributed.launch import launch_strategy, strategy_flags
 from tests.distributed.worker import WORKERS
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -121,3 +121,43 @@ def test_distillation(launched, tokenizer, tmp_path):
     if strategy == "zero3":  # the teacher is a partitioned inference engine, never trained
         assert_sharded(strategy, results["distillation"]["teacher_sharding"])
     check_two_equal_one(results["distillation"], tokenizer, tmp_path)
+
+
+def zero_cpu_variant(stage: int, tmp_path: Path) -> Path:
+    """examples/accelerate/deepspeed_zero{stage}.yaml for this machine: 2 processes, fp32, and the DeepSpeed
+    settings from a config file that forces partitioning (`launch.deepspeed_config`)."""
+    import json
+
+    import yaml
+
+    from tests.distributed.launch import deepspeed_config
+    from tests.grpo.test_fsdp import CONFIGS
+
+    config = yaml.safe_load((CONFIGS / f"deepspeed_zero{stage}.yaml").read_text())
+    ds_file = tmp_path / f"ds_zero{stage}.json"
+    ds_file.write_text(json.dumps(deepspeed_config(stage)))
+    config.update(num_processes=2)
+    config.pop("mixed_precision")  # the DeepSpeed config file says fp32 (accelerate refuses both)
+    config["deepspeed_config"] = {"deepspeed_config_file": str(ds_file), "zero3_init_flag": stage == 3}
+    path = tmp_path / f"deepspeed_zero{stage}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_resume_under_deepspeed_is_exact(stage, tmp_path):
+    """GRPOWithReplayBufferTrainer stopped after checkpoint-2 (DeepSpeed's own checkpoint of the partitioned
+    model and optimizer, plus replayrl's per-rank state files and marker) and resumed to step 4: both ranks'
+    buffers restored, metrics of steps 1-4 (rel 1e-5) and the final buffer equal an uninterrupted run's."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed runs need `pip install replayrl[deepspeed]`")
+    from tests.grpo.test_fsdp import check_resume, launch
+
+    out = tmp_path / "resume"
+    env = strategy_flags(f"zero{stage}", tmp_path)[1]  # DS_ACCELERATOR=cpu, no ACCELERATE_USE_CPU
+    ranks = launch(zero_cpu_variant(stage, tmp_path), "resume", out, 29660 + stage, env=env)
+    assert all(r["distributed_type"] == "DistributedType.DEEPSPEED" and r["zero_stage"] == stage for r in ranks)
+    for r in ranks:
+        assert_sharded("zero3" if stage == 3 else "zero2", r["sharding"])
+    check_resume(ranks, out)
+    assert list((out / "checkpoint-2").glob("global_step*"))  # DeepSpeed's checkpoint of the engine
