@@ -161,3 +161,27 @@ def test_resume_under_deepspeed_is_exact(stage, tmp_path):
         assert_sharded("zero3" if stage == 3 else "zero2", r["sharding"])
     check_resume(ranks, out)
     assert list((out / "checkpoint-2").glob("global_step*"))  # DeepSpeed's checkpoint of the engine
+
+
+@pytest.mark.slow
+def test_builtin_grpo_job_under_the_shipped_zero3_yaml(tmp_path):
+    """docs/distributed.md's CPU command: the shipped deepspeed_zero3.yaml as is, with the CPU overrides
+    (--num_processes 2 --mixed_precision no; --use_cpu false --ddp_backend gloo; DS_ACCELERATOR=cpu)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("deepspeed", reason="DeepSpeed runs need `pip install replayrl[deepspeed]`")
+    from tests.grpo.test_fsdp import CONFIGS
+
+    out = tmp_path / "run"
+    env = strategy_flags("zero3", tmp_path)[1]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "deepspeed_zero3.yaml")]
+    cmd += ["--num_processes", "2", "--mixed_precision", "no", "--main_process_port", "29671", "-m", "replayrl"]
+    cmd += ["grpo", "--max_steps", "1", "--save_steps", "1", "--use_cpu", "false", "--ddp_backend", "gloo"]
+    proc = subprocess.run([*cmd, "--output_dir", str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert proc.stdout.count("replayrl grpo: done") == 1  # one run, summarised by the main process
+    checkpoint = out / "checkpoint-1"
+    assert (checkpoint / "replayrl_complete.json").exists() and (checkpoint / "model.safetensors").exists()
+    assert len(list(checkpoint.glob("global_step1/zero_pp_rank_*_optim_states.pt"))) == 2  # ZeRO's partitions
+    assert len(list(checkpoint.glob("replayrl_state_rank*.json"))) == 2
