@@ -36,6 +36,16 @@ def grpo_no_gather(out: str) -> dict:
     return grpo_step(out, ds3_gather_for_generation=False)
 
 
+def grpo_peft(out: str) -> dict:
+    """GRPO with a LoRA adapter (the reference: the policy with its adapter disabled)."""
+    from peft import LoraConfig
+
+    from tests.grpo.distributed_worker import grpo_step
+
+    torch.manual_seed(0)  # LoRA's A matrices are drawn at wrapping: the same on both processes and in the check
+    return grpo_step(out, peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+
+
 def rloo(out: str) -> dict:
     from tests.rloo.distributed_worker import run
 
@@ -60,7 +70,7 @@ def distillation(out: str) -> dict:
     return run(out)
 
 
-WORKERS = {f.__name__: f for f in (dpo, reward, grpo, grpo_no_gather, rloo, kto, sft, distillation)}
+WORKERS = {f.__name__: f for f in (dpo, reward, grpo, grpo_no_gather, grpo_peft, rloo, kto, sft, distillation)}
 
 
 def main(out: str, names: list[str]) -> None:

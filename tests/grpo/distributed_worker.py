@@ -44,7 +44,7 @@ def common(out):
     )
 
 
-def grpo_step(out: str, **overrides) -> dict:
+def grpo_step(out: str, peft_config=None, **overrides) -> dict:
     """One SGD step of GRPOTrainer (every process calls it): the global batch trained on, the parameters after
     the step (whole), the logged loss, the completions each process sampled."""
     tok = build_tokenizer()
@@ -52,7 +52,12 @@ def grpo_step(out: str, **overrides) -> dict:
     settings = dict(max_steps=1, optim="sgd", learning_rate=1.0, max_grad_norm=0.0, beta=0.1)
     args = GRPOConfig(**common(out), **{**settings, **overrides})
     trainer = GRPOTrainer(
-        model=model, reward_funcs=varied_reward, args=args, train_dataset=prompt_dataset(16), processing_class=tok
+        model=model,
+        reward_funcs=varied_reward,
+        args=args,
+        train_dataset=prompt_dataset(16),
+        processing_class=tok,
+        peft_config=peft_config,
     )
     trainer.train()
     batches = gather_object([[mb.to("cpu").state_dict() for mb in trainer._micro_batches]])
@@ -62,7 +67,7 @@ def grpo_step(out: str, **overrides) -> dict:
         "loss": trainer.state.log_history[0]["loss"],
         "world": trainer.accelerator.num_processes,
         "sharding": sharding_report(trainer.model),
-        "ref_sharding": sharding_report(trainer.ref_model),
+        "ref_sharding": None if trainer.ref_model is None else sharding_report(trainer.ref_model),
     }
 
 
