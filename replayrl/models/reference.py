@@ -11,7 +11,13 @@ from transformers import TrainerCallback
 
 from replayrl.models.attention import is_peft_model
 from replayrl.models.peft_reference import reference_adapter
-from replayrl.models.sharding import full_state_dict, gathered_parameters, load_full_state_dict, prepare_frozen_model
+from replayrl.models.sharding import (
+    full_state_dict,
+    gathered_parameters,
+    is_dtensor,
+    load_full_state_dict,
+    prepare_frozen_model,
+)
 
 
 class SyncRefModelCallback(TrainerCallback):
@@ -30,6 +36,8 @@ class SyncRefModelCallback(TrainerCallback):
         # ZeRO-3: whole on every process inside; the reference's new values are partitioned again from rank 0's
         with gathered_parameters(policy), gathered_parameters(refs, modifier_rank=0):
             for ref, pol in zip(refs, policy):
+                if is_dtensor(pol) and not is_dtensor(ref):  # FSDP2 shards the policy, not the evaluated reference
+                    pol = pol.full_tensor()
                 ref.mul_(1 - alpha).add_(pol.detach(), alpha=alpha)
 
 

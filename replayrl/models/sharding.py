@@ -12,7 +12,7 @@ the forward of its module); under FSDP2 a parameter is a ``DTensor``. Three thin
 - **Frozen models** (`prepare_frozen_model`): a reference, teacher or reward model is an inference engine, never
   trained: under ZeRO-3 a DeepSpeed engine with the training config's stage-3 settings (its parameters
   partitioned like the policy's, TRL's ``prepare_deepspeed``), otherwise accelerate's ``prepare_model`` in
-  evaluation mode.
+  evaluation mode (whole weights).
 - **Reading whole weights** (`gathered_parameters`): weight sync to vLLM, TR-DPO's reference sync and any other code
   that reads ``param.data`` outside a forward.
 """
@@ -116,7 +116,7 @@ def prepare_frozen_model(model: nn.Module, accelerator) -> nn.Module:
     """A model that is only evaluated (reference, teacher, reward model), placed like the policy: under ZeRO-3 a
     DeepSpeed inference engine that partitions its parameters with the run's stage-3 settings (TRL's
     ``prepare_deepspeed``: no optimizer, never trained); otherwise accelerate's ``prepare_model`` in evaluation
-    mode (ZeRO-1/2 keep whole weights, FSDP2 shards them)."""
+    mode (whole weights on each process, also under ZeRO-1/2 and accelerate 1.15's FSDP2)."""
     if zero_stage(accelerator) != 3:
         return accelerator.prepare_model(model, evaluation_mode=True)
     import deepspeed

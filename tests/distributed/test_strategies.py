@@ -77,6 +77,28 @@ def test_dpo(launched, tmp_path):
 
 
 @pytest.mark.slow
+def test_dpo_with_a_moving_reference(launched, tmp_path):
+    """TR-DPO (`sync_ref_model`): under ZeRO-3 the reference is a partitioned inference engine whose parameters are
+    gathered, moved towards the policy on rank 0 and partitioned again after every step; two steps' losses (abs
+    1e-5), the policy and the moved reference (rtol 1e-4, atol 1e-6) equal one process's."""
+    from tests.distributed.worker import TR_DPO
+    from tests.dpo.distributed_worker import result, run
+
+    strategy, results = launched
+    two = results["dpo_sync_ref"]
+    assert_sharded(strategy, two["sharding"])
+    if strategy == "zero3":
+        assert_sharded(strategy, two["ref_sharding"])
+    one = result(run(str(tmp_path / "single"), per_device_batch=8, **TR_DPO))
+    assert len(two["losses"]) == len(one["losses"]) == 2
+    assert two["losses"] == pytest.approx(one["losses"], abs=1e-5)
+    for key in ("params", "ref_params"):
+        assert len(two[key]) == len(one[key])
+        for a, b in zip(two[key], one[key]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
 def test_reward(launched, tmp_path):
     from tests.reward.test_distributed import check_two_equal_one
 

@@ -17,6 +17,17 @@ def dpo(out: str) -> dict:
     return result(run(out, per_device_batch=4))
 
 
+TR_DPO = dict(max_steps=2, precompute_ref_log_probs=False, sync_ref_model=True, ref_model_sync_steps=1,
+              ref_model_mixup_alpha=0.5)  # fmt: skip
+
+
+def dpo_sync_ref(out: str) -> dict:
+    """TR-DPO: the reference (a partitioned engine under ZeRO-3) moves towards the policy after every step."""
+    from tests.dpo.distributed_worker import result, run
+
+    return result(run(out, per_device_batch=4, **TR_DPO))
+
+
 def reward(out: str) -> dict:
     from tests.reward.distributed_worker import result, run
 
@@ -70,7 +81,9 @@ def distillation(out: str) -> dict:
     return run(out)
 
 
-WORKERS = {f.__name__: f for f in (dpo, reward, grpo, grpo_no_gather, grpo_peft, rloo, kto, sft, distillation)}
+WORKERS = {
+    f.__name__: f for f in (dpo, dpo_sync_ref, reward, grpo, grpo_no_gather, grpo_peft, rloo, kto, sft, distillation)
+}
 
 
 def main(out: str, names: list[str]) -> None:

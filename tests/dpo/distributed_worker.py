@@ -15,11 +15,11 @@ from tests.distributed.launch import full_params, run_settings, setup_worker, sh
 SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
 
 
-def run(out: str, per_device_batch: int) -> DPOTrainer:
+def run(out: str, per_device_batch: int, **overrides) -> DPOTrainer:
     torch.set_num_threads(1)
     tok = build_tokenizer()
     data = preference_datasets(seed=0, per_problem=1, rejected="near_miss")[0].select(range(8))
-    args = DPOConfig(
+    settings = dict(
         output_dir=out,
         per_device_train_batch_size=per_device_batch,
         per_device_eval_batch_size=3,  # 8 rows over 2 processes in batches of 3: the gather has padding to drop
@@ -35,6 +35,7 @@ def run(out: str, per_device_batch: int) -> DPOTrainer:
         seed=0,
         disable_tqdm=True,
     )
+    args = DPOConfig(**{**settings, **overrides})
     trainer = DPOTrainer(
         build_tiny_model(tok, seed=0, **SMALL),
         ref_model=build_tiny_model(tok, seed=1, **SMALL),
@@ -50,9 +51,19 @@ def result(trainer: DPOTrainer) -> dict:
     return {
         "world": trainer.accelerator.num_processes,
         "loss": trainer.state.log_history[0]["loss"],
-        "ref_chosen_logps": trainer.train_dataset["ref_chosen_logps"],
+        "ref_chosen_logps": trainer.train_dataset["ref_chosen_logps"] if trainer.args.precompute_ref_log_probs else 0,
         "params": full_params(trainer.accelerator.unwrap_model(trainer.model)),
         "sharding": sharding_report(trainer.model),
+        "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+        # the reference, where it is kept (precomputed log-probs free it)
+        **(
+            {}
+            if trainer.ref_model is None
+            else {
+                "ref_params": full_params(trainer.accelerator.unwrap_model(trainer.ref_model)),
+                "ref_sharding": sharding_report(trainer.ref_model),
+            }
+        ),
     }
 
 
