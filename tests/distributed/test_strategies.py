@@ -60,6 +60,9 @@ def test_grpo_zero3_generation_with_and_without_gathering(launched, tokenizer, t
     if strategy != "zero3":
         pytest.skip("ds3_gather_for_generation is a ZeRO-3 setting")
     gathered, fetched = results["grpo"], results["grpo_no_gather"]
+    whole = gathered["sharding"]["whole"]
+    assert gathered["held_while_generating"] == [whole]  # gathered once for the generation batch
+    assert fetched["held_while_generating"] == [0]  # partitioned: ZeRO-3 fetches each layer inside its forward
     assert_sharded(strategy, gathered["ref_sharding"])  # the reference is a partitioned inference engine
     for rank_a, rank_b in zip(gathered["batches"], fetched["batches"], strict=True):
         for a, b in zip(rank_a, rank_b, strict=True):

@@ -59,6 +59,14 @@ def grpo_step(out: str, peft_config=None, **overrides) -> dict:
         processing_class=tok,
         peft_config=peft_config,
     )
+    held = []  # elements of the policy's parameters this process holds whole while generating
+    generate = trainer.generator.generate
+
+    def spy(*a, **kw):
+        held.append(sum(p.numel() for p in trainer.accelerator.unwrap_model(trainer.model).parameters()))
+        return generate(*a, **kw)
+
+    trainer.generator.generate = spy
     trainer.train()
     batches = gather_object([[mb.to("cpu").state_dict() for mb in trainer._micro_batches]])
     return {
@@ -67,6 +75,7 @@ def grpo_step(out: str, peft_config=None, **overrides) -> dict:
         "loss": trainer.state.log_history[0]["loss"],
         "world": trainer.accelerator.num_processes,
         "sharding": sharding_report(trainer.model),
+        "held_while_generating": held,
         "ref_sharding": None if trainer.ref_model is None else sharding_report(trainer.ref_model),
     }
 
