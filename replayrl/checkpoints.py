@@ -255,6 +255,9 @@ class SafeCheckpointsMixin(ModelCardMixin):
     _tag_names: list[str] = []
 
     def __init__(self, *args, **kwargs):
+        from replayrl.distributed import check_launch_settings
+
+        check_launch_settings(kwargs.get("args"))
         super().__init__(*args, **kwargs)
         # As TRL's trainers: the model carries the trainer's tags (`model.model_tags`, written to its model card).
         if self._tag_names and hasattr(self.model, "add_model_tags"):

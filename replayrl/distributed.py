@@ -27,3 +27,27 @@ def end_distributed() -> None:
     dist.barrier()
     dist.destroy_process_group()
     gc.collect()
+
+
+def check_launch_settings(args) -> None:
+    """Before any expensive work: refuse training arguments with which accelerate would silently not run the
+    DeepSpeed that `accelerate launch` asked for (it sets ACCELERATE_USE_DEEPSPEED). Its CPU path ignores DeepSpeed
+    (`use_cpu=True` trains with DDP), and without a GPU and without `ddp_backend` no process group is formed (every
+    process trains alone, each believing it is the only one)."""
+    import os
+
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true" or args is None:
+        return
+    if getattr(args, "use_cpu", False) or os.environ.get("ACCELERATE_USE_CPU", "false").lower() == "true":
+        raise ValueError(
+            "use_cpu=True (or ACCELERATE_USE_CPU) under DeepSpeed (accelerate launch with a deepspeed config): "
+            "accelerate would train without DeepSpeed. On CPU pass use_cpu=False and ddp_backend='gloo' "
+            "(--use_cpu false --ddp_backend gloo) and set DS_ACCELERATOR=cpu; see docs/distributed.md."
+        )
+    torch = sys.modules.get("torch")
+    has_gpu = torch is not None and torch.cuda.is_available()
+    if not has_gpu and getattr(args, "ddp_backend", None) is None:
+        raise ValueError(
+            "DeepSpeed on a machine without a GPU needs ddp_backend='gloo' (--ddp_backend gloo) and "
+            "DS_ACCELERATOR=cpu: without it accelerate forms no process group; see docs/distributed.md."
+        )

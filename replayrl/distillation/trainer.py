@@ -34,6 +34,7 @@ from replayrl.metrics.trackers import log_completions_table
 from replayrl.models.lm_head import forward_to_head
 from replayrl.models.loading import apply_peft, disable_dropout, load_model, load_tokenizer, model_id
 from replayrl.models.prompt_learning import refuse_prompt_learning
+from replayrl.models.sharding import gathered_parameters, generation_context, prepare_frozen_model
 
 
 def _identity_collator(features: list[dict]) -> list[dict]:
@@ -92,7 +93,7 @@ class DistillationTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetrics
             callbacks=callbacks,
             optimizers=optimizers,
         )
-        self.teacher_model = self.accelerator.prepare_model(teacher, evaluation_mode=True)
+        self.teacher_model = prepare_frozen_model(teacher, self.accelerator)
         self.generation_config = build_generation_config(args, processing_class)
         if args.generation_kwargs:
             self.generation_config.update(**args.generation_kwargs)
@@ -162,10 +163,12 @@ class DistillationTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, MeanMetrics
         texts = prompts_to_text(self.processing_class, prompts, self.args.chat_template_kwargs)
         text_prompts = not is_conversational(prompts[0])  # TRL 1.16: text gets the special tokens (a BOS)
         prompt_ids, prompt_mask = tokenize_prompts(self.processing_class, texts, None, text_prompts)
-        if self._synced_step != self.state.global_step:  # vLLM: once per optimizer step (a no-op for generate)
-            self.generator.sync_weights(self.accelerator.unwrap_model(self.model))
-            self._synced_step = self.state.global_step
-        out = self.generator.generate(prompt_ids.to(device), prompt_mask.to(device))
+        with generation_context(self) as policy:  # ZeRO-3: gathered once (ds3_gather_for_generation)
+            if self._synced_step != self.state.global_step:  # vLLM: once per optimizer step (no-op for generate)
+                with gathered_parameters(policy.parameters() if self.args.use_vllm else []):
+                    self.generator.sync_weights(policy)  # ZeRO-3 without gathering: whole weights for vLLM
+                self._synced_step = self.state.global_step
+            out = self.generator.generate(prompt_ids.to(device), prompt_mask.to(device))
         mode = "train" if self.model.training else "eval"
         lengths = self.accelerator.gather(out.completion_mask.sum(1)).float()
         self._metrics[mode]["completions/mean_length"].append(lengths.mean().item())

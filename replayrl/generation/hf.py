@@ -13,6 +13,7 @@ from torch import Tensor
 from transformers import GenerationConfig
 
 from replayrl.generation.base import GenerationOutput
+from replayrl.models.sharding import needs_synced_gpus
 
 
 def build_generation_config(args, tokenizer) -> GenerationConfig:
@@ -72,7 +73,12 @@ def generate_completions(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Sample one completion per row. Returns completion ids (N, C), mask (N, C) and truncated (N,)."""
     with sampling_mode(model):
-        out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config)
+        out = model.generate(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            generation_config=generation_config,
+            synced_gpus=needs_synced_gpus(model) or None,  # sharded weights: every process joins every forward
+        )
     completion_ids = out[:, prompt_ids.shape[1] :]
     mask, truncated = completion_mask_from_eos(completion_ids, generation_config.eos_token_id)
     completion_ids = completion_ids.masked_fill(mask == 0, generation_config.pad_token_id)

@@ -53,7 +53,11 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
     )
     max_completion_length: int | None = field(default=256, metadata=_help("Maximum completion length in tokens."))
     ds3_gather_for_generation: bool = field(
-        default=True, metadata=_help("DeepSpeed ZeRO-3: gather the policy weights for generation.")
+        default=True,
+        metadata=_help(
+            "DeepSpeed ZeRO-3: gather the policy's weights once per generation batch (False: keep them partitioned, "
+            "fetched layer by layer in every decoding step; less memory, slower)."
+        ),
     )
     shuffle_dataset: bool = field(default=True, metadata=_help("Shuffle the training prompts."))
     # Generation

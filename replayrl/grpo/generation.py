@@ -14,6 +14,7 @@ from torch import Tensor
 from replayrl import algos
 from replayrl.data.prompts import tokenize_prompts
 from replayrl.grpo.rollout import fit_width
+from replayrl.models.sharding import gathered_parameters, generation_context
 
 
 @dataclass
@@ -44,11 +45,12 @@ def generate_batch(trainer, texts: list[str], mode: str, add_special_tokens: boo
     prompt_ids, prompt_mask = trainer._pad_to_multiple(prompt_ids, prompt_mask, "left")
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     start = time.perf_counter()
-    sync_generator(trainer, trainer.accelerator.unwrap_model(trainer.model))
-    out = trainer.generator.generate(prompt_ids, prompt_mask)
-    trainer._metrics[mode]["timing/generation"].append(time.perf_counter() - start)
-    gen = Generated(prompt_ids, prompt_mask, out.completion_ids, out.completion_mask, out.truncated, out.logps)
-    return finish_generation(trainer, gen, mode)
+    with generation_context(trainer) as policy:  # ZeRO-3: gathered once per batch (ds3_gather_for_generation)
+        sync_generator(trainer, policy)
+        out = trainer.generator.generate(prompt_ids, prompt_mask)
+        trainer._metrics[mode]["timing/generation"].append(time.perf_counter() - start)
+        gen = Generated(prompt_ids, prompt_mask, out.completion_ids, out.completion_mask, out.truncated, out.logps)
+        return finish_generation(trainer, gen, mode)  # the tool loop generates too
 
 
 def finish_generation(trainer, gen: Generated, mode: str) -> Generated:
@@ -75,7 +77,8 @@ def sync_generator(trainer, policy) -> None:
     if trainer._synced_step == step:
         return
     start = time.perf_counter()
-    trainer.generator.sync_weights(policy)
+    with gathered_parameters(policy.parameters() if trainer.args.use_vllm else []):  # ZeRO-3: whole weights out
+        trainer.generator.sync_weights(policy)
     trainer._synced_step = step
     if trainer.args.use_vllm:
         trainer._metrics["train"]["timing/weight_sync"].append(time.perf_counter() - start)

@@ -52,6 +52,7 @@ from replayrl.models.loading import apply_peft, disable_dropout, load_model, loa
 from replayrl.models.peft_reference import add_reference_adapter, reference_adapter
 from replayrl.models.prompt_learning import refuse_prompt_learning
 from replayrl.models.reference import SyncRefModelCallback
+from replayrl.models.sharding import full_state_dict, load_full_state_dict, prepare_frozen_model
 from replayrl.rewards.functions import RewardFunctions
 
 logger = logging.getLogger(__name__)
@@ -177,7 +178,7 @@ class GRPOTrainer(
         self._total_tokens = 0
         self._generation_seconds = 0.0
         if self.ref_model is not None:
-            self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
+            self.ref_model = prepare_frozen_model(self.ref_model, self.accelerator)
         for reward_model in self.reward_funcs.models():
             reward_model.to(self.accelerator.device).eval()
         attach_metrics_file(self)
@@ -483,7 +484,7 @@ class GRPOTrainer(
         if self._micro_batches is not None and self._step % self.generate_every != 0:  # mid-generation cycle
             state["micro_batches"] = [mb.to("cpu").state_dict() for mb in self._micro_batches]
         if self.args.sync_ref_model:
-            state["ref_model"] = self.accelerator.unwrap_model(self.ref_model).state_dict()
+            state["ref_model"] = full_state_dict(self.accelerator.unwrap_model(self.ref_model))
         return state
 
     def _load_extra_state(self, state: dict) -> None:
@@ -496,7 +497,7 @@ class GRPOTrainer(
             device = self.accelerator.device
             self._micro_batches = [Rollout.from_state_dict(s).to(device) for s in state["micro_batches"]]
         if state["ref_model"] is not None:
-            self.accelerator.unwrap_model(self.ref_model).load_state_dict(state["ref_model"])
+            load_full_state_dict(self.accelerator.unwrap_model(self.ref_model), state["ref_model"])
 
     def _checkpoint_settings(self) -> dict:
         return {**super()._checkpoint_settings(), "num_generations": self.num_generations}

@@ -11,6 +11,13 @@ from transformers import TrainerCallback
 
 from replayrl.models.attention import is_peft_model
 from replayrl.models.peft_reference import reference_adapter
+from replayrl.models.sharding import (
+    full_state_dict,
+    gathered_parameters,
+    is_dtensor,
+    load_full_state_dict,
+    prepare_frozen_model,
+)
 
 
 class SyncRefModelCallback(TrainerCallback):
@@ -25,8 +32,13 @@ class SyncRefModelCallback(TrainerCallback):
             return
         unwrap = self.trainer.accelerator.unwrap_model
         alpha = args.ref_model_mixup_alpha
-        for ref, pol in zip(unwrap(self.trainer.ref_model).parameters(), unwrap(self.trainer.model).parameters()):
-            ref.mul_(1 - alpha).add_(pol.detach(), alpha=alpha)
+        refs, policy = list(unwrap(self.trainer.ref_model).parameters()), list(unwrap(self.trainer.model).parameters())
+        # ZeRO-3: whole on every process inside; the reference's new values are partitioned again from rank 0's
+        with gathered_parameters(policy), gathered_parameters(refs, modifier_rank=0):
+            for ref, pol in zip(refs, policy):
+                if is_dtensor(pol) and not is_dtensor(ref):  # FSDP2 shards the policy, not the evaluated reference
+                    pol = pol.full_tensor()
+                ref.mul_(1 - alpha).add_(pol.detach(), alpha=alpha)
 
 
 def check_ref_sync(args, ref_model) -> None:
@@ -44,7 +56,7 @@ class ReferenceModelMixin:
         """Prepare the reference for evaluation and, with `sync_ref_model`, attach TR-DPO's sync."""
         self.ref_model = ref_model
         if ref_model is not None:
-            self.ref_model = self.accelerator.prepare_model(ref_model, evaluation_mode=True)
+            self.ref_model = prepare_frozen_model(ref_model, self.accelerator)
         check_ref_sync(self.args, self.ref_model)
         if self.args.sync_ref_model:
             self.add_callback(SyncRefModelCallback(self))
@@ -68,10 +80,10 @@ class ReferenceModelMixin:
         """TR-DPO's reference changes during training: it goes into the checkpoint."""
         if not self.args.sync_ref_model:
             return {}
-        return {"ref_model": self.accelerator.unwrap_model(self.ref_model).state_dict()}
+        return {"ref_model": full_state_dict(self.accelerator.unwrap_model(self.ref_model))}
 
     def _load_extra_state(self, state: dict) -> None:
         if self.args.sync_ref_model:
             if "ref_model" not in state:
                 raise ValueError("The checkpoint was not saved with sync_ref_model=True: it has no TR-DPO reference.")
-            self.accelerator.unwrap_model(self.ref_model).load_state_dict(state["ref_model"])
+            load_full_state_dict(self.accelerator.unwrap_model(self.ref_model), state["ref_model"])

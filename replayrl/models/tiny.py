@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import random
 import string
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -105,6 +107,21 @@ def _config(
     )
 
 
+@contextmanager
+def whole_construction() -> Iterator[None]:
+    """Build with whole (unpartitioned) weights even while a DeepSpeed ZeRO-3 config is live (transformers then
+    constructs models inside `deepspeed.zero.Init`, and Qwen2's weight init indexes the empty partitioned
+    embedding): a tiny model is seeded on every process alike and partitioned when the trainer prepares it."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    saved = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = saved
+
+
 def build_tiny_model(
     tokenizer: PreTrainedTokenizerFast,
     hidden_size: int = 64,
@@ -118,7 +135,7 @@ def build_tiny_model(
     """Randomly initialised tiny Qwen2ForCausalLM; same seed gives identical weights."""
     config = _config(tokenizer, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size)
     # fork_rng keeps the caller's global RNG stream untouched by model construction.
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), whole_construction():
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
     model = model.to(dtype)
@@ -133,7 +150,7 @@ def build_tiny_sequence_classifier(
 ) -> Qwen2ForSequenceClassification:
     """Tiny Qwen2 scalar head (num_labels=1), usable as a reward model; config_kwargs as in build_tiny_model."""
     config = _config(tokenizer, num_labels=1, **config_kwargs)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), whole_construction():
         torch.manual_seed(seed)
         return Qwen2ForSequenceClassification(config)
 

@@ -32,6 +32,7 @@ from replayrl.algos import ppo as F
 from replayrl.generation.hf import sampling_mode
 from replayrl.metrics import METRICS_FILE, MetricsFile
 from replayrl.models.prompt_learning import refuse_prompt_learning
+from replayrl.models.sharding import refuse_deepspeed
 from replayrl.ppo.batch import PPOBatch, batch_to, batched_forward, build_batch, forward
 from replayrl.ppo.config import PPOConfig
 from replayrl.ppo.seed_methods import PPOSeedMethodsMixin
@@ -121,6 +122,7 @@ class PPOTrainer(PPOSeedMethodsMixin):
             **config.accelerator_kwargs,
         )
         self.is_distributed = self.accelerator.num_processes > 1
+        refuse_deepspeed(self.accelerator, type(self).__name__)
         self.tokenizer = tokenizer
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token

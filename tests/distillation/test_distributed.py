@@ -27,7 +27,11 @@ def _concat(parts: list[dict], pad_id: int) -> dict:
 
 
 def test_two_processes_equal_one(tokenizer, tmp_path):
-    result = launch_two_processes(WORKER, tmp_path / "distillation", 29535)
+    check_two_equal_one(launch_two_processes(WORKER, tmp_path / "distillation", 29535), tokenizer, tmp_path)
+
+
+def check_two_equal_one(result: dict, tokenizer, tmp_path) -> None:
+    """Loss (rel 1e-4) and parameters (rtol 1e-4, atol 1e-6) equal one process's step on the gathered batch."""
     assert result["world"] == 2
     batch = _concat(result["batches"], tokenizer.pad_token_id)
     assert batch["prompt_ids"].shape[0] == 8
@@ -37,5 +41,6 @@ def test_two_processes_equal_one(tokenizer, tmp_path):
     loss = trainer.compute_loss(trainer.model, batch)
     loss.backward()
     assert loss.item() == pytest.approx(result["loss"], rel=1e-4, abs=1e-6)
+    assert len(result["params"]) == len(init)
     for p0, p, after in zip(init, trainer.model.parameters(), result["params"]):
         torch.testing.assert_close(p0 - p.grad, after, rtol=1e-4, atol=1e-6)

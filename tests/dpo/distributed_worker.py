@@ -10,15 +10,16 @@ from replayrl import DPOConfig, DPOTrainer
 from replayrl.distributed import end_distributed
 from replayrl.models.tiny import build_tiny_model, build_tokenizer
 from replayrl.tasks.preferences import preference_datasets
+from tests.distributed.launch import full_params, run_settings, setup_worker, sharding_report
 
 SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
 
 
-def run(out: str, per_device_batch: int) -> DPOTrainer:
+def run(out: str, per_device_batch: int, **overrides) -> DPOTrainer:
     torch.set_num_threads(1)
     tok = build_tokenizer()
     data = preference_datasets(seed=0, per_problem=1, rejected="near_miss")[0].select(range(8))
-    args = DPOConfig(
+    settings = dict(
         output_dir=out,
         per_device_train_batch_size=per_device_batch,
         per_device_eval_batch_size=3,  # 8 rows over 2 processes in batches of 3: the gather has padding to drop
@@ -30,10 +31,11 @@ def run(out: str, per_device_batch: int) -> DPOTrainer:
         logging_steps=1,
         save_strategy="no",
         report_to="none",
-        use_cpu=True,
+        **run_settings(),
         seed=0,
         disable_tqdm=True,
     )
+    args = DPOConfig(**{**settings, **overrides})
     trainer = DPOTrainer(
         build_tiny_model(tok, seed=0, **SMALL),
         ref_model=build_tiny_model(tok, seed=1, **SMALL),
@@ -49,13 +51,26 @@ def result(trainer: DPOTrainer) -> dict:
     return {
         "world": trainer.accelerator.num_processes,
         "loss": trainer.state.log_history[0]["loss"],
-        "ref_chosen_logps": trainer.train_dataset["ref_chosen_logps"],
-        "params": [p.detach().cpu() for p in trainer.accelerator.unwrap_model(trainer.model).parameters()],
+        "ref_chosen_logps": trainer.train_dataset["ref_chosen_logps"] if trainer.args.precompute_ref_log_probs else 0,
+        "params": full_params(trainer.accelerator.unwrap_model(trainer.model)),
+        "sharding": sharding_report(trainer.model),
+        "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+        # the reference, where it is kept (precomputed log-probs free it)
+        **(
+            {}
+            if trainer.ref_model is None
+            else {
+                "ref_params": full_params(trainer.accelerator.unwrap_model(trainer.ref_model)),
+                "ref_sharding": sharding_report(trainer.ref_model),
+            }
+        ),
     }
 
 
 if __name__ == "__main__":
+    setup_worker()
     trainer = run(sys.argv[1], per_device_batch=4)
+    summary = result(trainer)  # every process: gathering sharded parameters is collective
     if trainer.accelerator.is_main_process:
-        torch.save(result(trainer), f"{sys.argv[1]}/result.pt")
+        torch.save(summary, f"{sys.argv[1]}/result.pt")
     end_distributed()

@@ -15,6 +15,7 @@ from accelerate.utils import gather_object
 from replayrl import GRPOConfig, GRPOTrainer, GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
 from replayrl.distributed import end_distributed
 from replayrl.models.tiny import build_tiny_model, build_tokenizer, prompt_dataset
+from tests.distributed.launch import full_params, run_settings, setup_worker, sharding_report
 
 
 def varied_reward(completions, **kwargs):
@@ -37,33 +38,56 @@ def common(out):
         logging_steps=1,
         save_strategy="no",
         report_to="none",
-        use_cpu=True,
+        **run_settings(),
         seed=0,
         disable_tqdm=True,
     )
 
 
+def grpo_step(out: str, peft_config=None, **overrides) -> dict:
+    """One SGD step of GRPOTrainer (every process calls it): the global batch trained on, the parameters after
+    the step (whole), the logged loss, the completions each process sampled."""
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
+    settings = dict(max_steps=1, optim="sgd", learning_rate=1.0, max_grad_norm=0.0, beta=0.1)
+    args = GRPOConfig(**common(out), **{**settings, **overrides})
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=varied_reward,
+        args=args,
+        train_dataset=prompt_dataset(16),
+        processing_class=tok,
+        peft_config=peft_config,
+    )
+    held = []  # elements of the policy's parameters this process holds whole while generating
+    generate = trainer.generator.generate
+
+    def spy(*a, **kw):
+        held.append(sum(p.numel() for p in trainer.accelerator.unwrap_model(trainer.model).parameters()))
+        return generate(*a, **kw)
+
+    trainer.generator.generate = spy
+    trainer.train()
+    batches = gather_object([[mb.to("cpu").state_dict() for mb in trainer._micro_batches]])
+    return {
+        "batches": batches,
+        "params": full_params(trainer.accelerator.unwrap_model(trainer.model)),
+        "loss": trainer.state.log_history[0]["loss"],
+        "world": trainer.accelerator.num_processes,
+        "sharding": sharding_report(trainer.model),
+        "held_while_generating": held,
+        "ref_sharding": None if trainer.ref_model is None else sharding_report(trainer.ref_model),
+    }
+
+
 def main(mode: str, out: str) -> None:
-    torch.set_num_threads(1)
+    setup_worker()
     tok = build_tokenizer()
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
     if mode == "grpo":
-        args = GRPOConfig(**common(out), max_steps=1, optim="sgd", learning_rate=1.0, max_grad_norm=0.0, beta=0.1)
-        trainer = GRPOTrainer(
-            model=model, reward_funcs=varied_reward, args=args, train_dataset=prompt_dataset(16), processing_class=tok
-        )
-        trainer.train()
-        batches = gather_object([[mb.to("cpu").state_dict() for mb in trainer._micro_batches]])
-        if trainer.accelerator.is_main_process:
-            torch.save(
-                {
-                    "batches": batches,
-                    "params": [p.detach().cpu() for p in trainer.model.parameters()],
-                    "loss": trainer.state.log_history[0]["loss"],
-                    "world": trainer.accelerator.num_processes,
-                },
-                os.path.join(out, "result.pt"),
-            )
+        result = grpo_step(out)
+        if int(os.environ.get("RANK", "0")) == 0:
+            torch.save(result, os.path.join(out, "result.pt"))
     else:
         args = GRPOWithReplayBufferConfig(
             **common(out), max_steps=4, replay_buffer_size=8, beta=0.0, learning_rate=1e-2, per_device_eval_batch_size=4

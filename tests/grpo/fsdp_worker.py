@@ -20,7 +20,9 @@ from transformers import TrainerCallback
 
 from replayrl import GRPOConfig, GRPOTrainer, GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
 from replayrl.distributed import end_distributed
+from replayrl.models.sharding import zero_stage
 from replayrl.models.tiny import build_tiny_model, build_tokenizer, prompt_dataset
+from tests.distributed.launch import run_settings, sharding_report
 
 
 def force_fsdp_on_cpu() -> None:
@@ -61,7 +63,7 @@ def common(out, **overrides):
         logging_steps=1,
         save_strategy="no",
         report_to="none",
-        use_cpu=not on_gpu,
+        **({} if on_gpu else run_settings()),  # CPU: use_cpu, or gloo without it under DeepSpeed
         seed=0,
         disable_tqdm=True,
     )
@@ -135,6 +137,9 @@ def run_resume(out: str) -> dict:
     return {
         "rank": second.accelerator.process_index,
         "is_fsdp2": bool(getattr(second.accelerator, "is_fsdp2", False)),
+        "distributed_type": str(second.accelerator.distributed_type),
+        "zero_stage": zero_stage(second.accelerator),
+        "sharding": sharding_report(second.model),
         "saved": saved,
         "loaded": loaded.get("buffer"),
         "global_step": second.state.global_step,

@@ -26,9 +26,9 @@ WORKER = Path(__file__).with_name("fsdp_worker.py")
 CONFIGS = ROOT / "examples" / "accelerate"
 
 
-def launch(config: Path, mode: str, out: Path, port: int, *overrides: str) -> list[dict]:
+def launch(config: Path, mode: str, out: Path, port: int, *overrides: str, env: dict | None = None) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
-    env = cpu_launch_env()
+    env = env or cpu_launch_env()
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), *overrides]
     cmd += ["--main_process_port", str(port), str(WORKER), mode, str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

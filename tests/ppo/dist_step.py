@@ -6,6 +6,7 @@ updated parameters and the step's losses to OUT.
 """
 
 import json
+import os
 import sys
 
 import torch
@@ -17,6 +18,15 @@ from replayrl.models.value_head import AutoModelForCausalLMWithValueHead
 from replayrl.ppo import PPOConfig, PPOTrainer
 
 N = 8
+
+
+def accelerator_kwargs() -> dict:
+    """DeepSpeed on CPU: accelerate forms the process group only with an explicit gloo backend."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false") != "true":
+        return {}
+    from accelerate.utils import InitProcessGroupKwargs
+
+    return {"kwargs_handlers": [InitProcessGroupKwargs(backend="gloo")]}
 
 
 def main(out: str) -> None:
@@ -35,12 +45,13 @@ def main(out: str) -> None:
     queries = [torch.randint(5, 90, (2 + i % 3,), generator=g) for i in range(N)]
     responses = [torch.randint(5, 90, (1 + (3 * i) % 5,), generator=g) for i in range(N)]
     scores = torch.rand(N, generator=g).tolist()
-    config = PPOConfig(batch_size=N, mini_batch_size=N, ppo_epochs=2, learning_rate=1e-2, init_kl_coef=0.1)
+    settings = dict(ppo_epochs=2, learning_rate=1e-2, init_kl_coef=0.1, accelerator_kwargs=accelerator_kwargs())
+    config = PPOConfig(batch_size=N, mini_batch_size=N, **settings)
     probe = PPOTrainer(config, model, None, tokenizer)  # only to learn the process layout
     world, rank = probe.accelerator.num_processes, probe.accelerator.process_index
     print(f"rank {rank} of {world}", file=sys.stderr)
     per = N // world
-    config = PPOConfig(batch_size=per, mini_batch_size=per, ppo_epochs=2, learning_rate=1e-2, init_kl_coef=0.1)
+    config = PPOConfig(batch_size=per, mini_batch_size=per, **settings)
     trainer = PPOTrainer(config, model, None, tokenizer)
     rows = slice(rank * per, (rank + 1) * per)
     stats = trainer.step(queries[rows], responses[rows], scores[rows])
@@ -55,5 +66,8 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
+    from tests.distributed.launch import setup_worker
+
+    setup_worker()  # under FSDP2: accelerate's FSDP path let through on CPU
     main(sys.argv[1])
     end_distributed()

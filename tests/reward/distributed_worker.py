@@ -10,6 +10,7 @@ from replayrl import RewardConfig, RewardTrainer
 from replayrl.distributed import end_distributed
 from replayrl.models.tiny import build_tiny_sequence_classifier, build_tokenizer
 from replayrl.tasks.preferences import preference_datasets
+from tests.distributed.launch import full_params, run_settings, setup_worker, sharding_report
 
 SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
 
@@ -28,7 +29,7 @@ def run(out: str, per_device_batch: int) -> RewardTrainer:
         logging_steps=1,
         save_strategy="no",
         report_to="none",
-        use_cpu=True,
+        **run_settings(),
         seed=0,
         disable_tqdm=True,
     )
@@ -42,12 +43,15 @@ def result(trainer: RewardTrainer) -> dict:
     return {
         "world": trainer.accelerator.num_processes,
         "loss": trainer.state.log_history[0]["loss"],
-        "params": [p.detach().cpu() for p in trainer.accelerator.unwrap_model(trainer.model).parameters()],
+        "params": full_params(trainer.accelerator.unwrap_model(trainer.model)),
+        "sharding": sharding_report(trainer.model),
     }
 
 
 if __name__ == "__main__":
+    setup_worker()
     trainer = run(sys.argv[1], per_device_batch=4)
+    summary = result(trainer)  # every process: gathering sharded parameters is collective
     if trainer.accelerator.is_main_process:
-        torch.save(result(trainer), f"{sys.argv[1]}/result.pt")
+        torch.save(summary, f"{sys.argv[1]}/result.pt")
     end_distributed()
