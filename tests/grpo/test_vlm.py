@@ -1,0 +1,174 @@
+"""GRPO (and GRPO with replay) on vision-language models: the tiny Qwen2-VL, Qwen2.5-VL, LLaVA and Gemma 3 stand-ins
+trained through `train()` on image rows, checking what reached the loss against each model's own forward."""
+
+import pytest
+import torch
+from datasets import Dataset
+
+from replayrl import GRPOConfig, GRPOTrainer, GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
+from replayrl.checkpoints import load_extra_state, save_extra_state
+from replayrl.data.vision import prepare_multimodal_messages
+from replayrl.models.tiny_vlm import FAMILIES, IMAGE_SIZE, build_tiny_processor, build_tiny_vlm
+from replayrl.tasks.shapes import shape_image
+from tests.conftest import tiny_args
+
+
+def image_rows(family: str, n: int = 4) -> Dataset:
+    """n rows, each with its own prompt text and its own image (so a row's prompt ids name its image)."""
+    size, colours = IMAGE_SIZE[family], "RGB"
+    return Dataset.from_dict(
+        {
+            "prompt": [[{"role": "user", "content": f"Shape {i}: colour?"}] for i in range(n)],
+            "image": [
+                shape_image(colours[i % 3], "LR"[i % 2], size, ["square", "circle"][i // 2 % 2]) for i in range(n)
+            ],
+            "index": list(range(n)),
+        }
+    )
+
+
+def length_reward(completions, **kwargs):
+    """Varied scores (so groups have signal) that depend on the sampled text only."""
+    return [float(sum(map(ord, c[0]["content"])) % 5) for c in completions]
+
+
+class Recording:
+    """Records every batch that reaches the loss in training."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if model.training:
+            self.seen.append(inputs.rows(slice(None)))
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+
+class RecordingGRPO(Recording, GRPOTrainer):
+    seen: list
+
+
+class RecordingReplay(Recording, GRPOWithReplayBufferTrainer):
+    seen: list
+
+
+def reference_inputs(processor, dataset):
+    """Each row's prompt ids and image inputs, made by the processor alone (not by the trainer's code)."""
+    out = []
+    for row in dataset:
+        messages = prepare_multimodal_messages(row["prompt"], 1)
+        text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        enc = processor(text=[text], images=[[row["image"]]], return_tensors="pt", add_special_tokens=False)
+        out.append(enc)
+    return out
+
+
+def own_logps(model, enc, completion: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The model's own forward on one row (prompt + real completion, no padding): log-probs of the completion."""
+    inputs = {k: v for k, v in enc.items()}
+    ids = torch.cat([enc["input_ids"], completion[None]], 1)
+    inputs["input_ids"], inputs["attention_mask"] = ids, torch.ones_like(ids)
+    for key in ("token_type_ids", "mm_token_type_ids"):
+        if key in inputs:
+            inputs[key] = torch.cat([inputs[key], torch.zeros_like(completion[None])], 1)
+    with torch.no_grad():
+        logits = model(**inputs).logits[0, enc["input_ids"].shape[1] - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(1, completion[:, None]).squeeze(1)
+
+
+def match_rows(batch, refs) -> list[int]:
+    """The dataset row of each batch row, found by its real prompt ids."""
+    found = []
+    for ids, mask in zip(batch.prompt_ids, batch.prompt_mask):
+        real = ids[mask.bool()].tolist()
+        hits = [k for k, enc in enumerate(refs) if enc["input_ids"][0].tolist() == real]
+        assert len(hits) == 1, "a batch row's prompt ids are not exactly one dataset row's processor output"
+        found.append(hits[0])
+    return found
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_grpo_trains_each_vlm_on_its_images_with_the_models_own_logps(family, tmp_path):
+    """Two optimizer steps per generation (so the behaviour log-probs come from a forward before the update) with a
+    KL term (a frozen reference): both stored log-prob sets equal the model's own forward on the processor's
+    inputs, to 1e-5 in fp32; and every weight of the language model moved."""
+    processor, dataset = build_tiny_processor(family), image_rows(family)
+    model = build_tiny_vlm(family, seed=0)
+    args = tiny_args(GRPOConfig, tmp_path, per_device_train_batch_size=4, num_generations=2, steps_per_generation=2,
+                     max_steps=2, beta=0.1, temperature=0.9, max_prompt_length=None)  # fmt: skip
+    trainer = RecordingGRPO(model=model, reward_funcs=length_reward, args=args, train_dataset=dataset,
+                            processing_class=processor)  # fmt: skip
+    trainer.seen = []
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer.train()
+    initial = build_tiny_vlm(family, seed=0).eval()  # the weights the reference and the first behaviour pass had
+    refs = reference_inputs(processor, dataset)
+    batch = trainer.seen[0]
+    assert batch.vision is not None and len(batch.vision.items) == batch.num_rows // 2  # one copy per group
+    for i, k in enumerate(match_rows(batch, refs)):
+        real = batch.completion_mask[i].bool()
+        expected = own_logps(initial, refs[k], batch.completion_ids[i][real], 0.9)
+        torch.testing.assert_close(batch.ref_logps[i][real], expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(batch.old_logps[i][real], expected, atol=1e-5, rtol=0)
+    language = [n for n in before if "visual" not in n and "vision" not in n and "projector" not in n]
+    moved = [n for n in language if not torch.equal(before[n], dict(model.named_parameters())[n])]
+    assert len(moved) == len(language), sorted(set(language) - set(moved))[:5]
+
+
+def test_the_loss_pass_uses_the_rows_images(tmp_path):
+    """The policy's loss-pass log-probs of a row change when the row is given another prompt's image: the pixels
+    reach the loss (a forward that ignored them would give the same values)."""
+    family = "qwen2_vl"
+    processor, dataset = build_tiny_processor(family), image_rows(family)
+    args = tiny_args(GRPOConfig, tmp_path, num_generations=2, max_steps=1, max_prompt_length=None)
+    trainer = RecordingGRPO(model=build_tiny_vlm(family), reward_funcs=length_reward, args=args,
+                            train_dataset=dataset, processing_class=processor)  # fmt: skip
+    trainer.seen = []
+    trainer.train()
+    batch = trainer.seen[0]
+    with torch.no_grad():
+        logps = trainer._token_logps(trainer.model, batch)[0]
+        swapped = batch.with_(vision=batch.vision.__class__(batch.vision.items[::-1], batch.vision.row_item))
+        other = trainer._token_logps(trainer.model, swapped)[0]
+    real = batch.completion_mask.bool()
+    assert (logps - other)[real].abs().max() > 1e-4
+
+
+def zero_std_for_even(completions, index, **kwargs):
+    """Rows of even dataset index: every completion scores 0 (zero-std groups, to be replaced from the buffer)."""
+    return [0.0 if k % 2 == 0 else float(sum(map(ord, c[0]["content"])) % 5) for c, k in zip(completions, index)]
+
+
+def test_replayed_vlm_groups_train_on_exactly_the_images_they_were_generated_with(tmp_path):
+    family = "qwen2_5_vl"
+    processor, dataset = build_tiny_processor(family), image_rows(family, n=8)
+    args = tiny_args(GRPOWithReplayBufferConfig, tmp_path, per_device_train_batch_size=4, num_generations=2,
+                     max_steps=6, replay_buffer_size=4, beta=0.0, max_prompt_length=None)  # fmt: skip
+    trainer = RecordingReplay(model=build_tiny_vlm(family), reward_funcs=zero_std_for_even, args=args,
+                              train_dataset=dataset, processing_class=processor)  # fmt: skip
+    trainer.seen = []
+    trainer.train()
+    refs = reference_inputs(processor, dataset)
+    replayed = 0
+    for batch in trainer.seen:
+        rows = match_rows(batch, refs)
+        pixels = batch.model_inputs()
+        offset = 0
+        for i, k in enumerate(rows):  # the pixels each row is trained with are its own prompt's image's
+            n = refs[k]["pixel_values"].shape[0]
+            torch.testing.assert_close(pixels["pixel_values"][offset : offset + n], refs[k]["pixel_values"])
+            assert torch.equal(pixels["image_grid_thw"][i : i + 1], refs[k]["image_grid_thw"])
+            offset += n
+            replayed += int(batch.replayed[i])
+    assert replayed > 0
+    assert trainer.replay_buffer.groups
+    for group in trainer.replay_buffer.groups:
+        assert len(group.rollout.vision.items) == 1  # one copy of the pixels per stored group, not per completion
+    # the buffer's images survive a checkpoint (tensors + JSON, no pickle) into a fresh trainer
+    save_extra_state(tmp_path / "ckpt", "replay", trainer._extra_state())
+    fresh = GRPOWithReplayBufferTrainer(model=build_tiny_vlm(family), reward_funcs=zero_std_for_even, args=args,
+                                        train_dataset=dataset, processing_class=processor)  # fmt: skip
+    fresh._load_extra_state(load_extra_state(tmp_path / "ckpt", "replay"))
+    assert len(fresh.replay_buffer.groups) == len(trainer.replay_buffer.groups)
+    for a, b in zip(trainer.replay_buffer.groups, fresh.replay_buffer.groups):
+        assert torch.equal(a.rollout.prompt_ids, b.rollout.prompt_ids)
+        assert torch.equal(a.rollout.vision.row_item, b.rollout.vision.row_item)
+        for key, value in a.rollout.vision.items[0].items():
+            assert torch.equal(value, b.rollout.vision.items[0][key])
