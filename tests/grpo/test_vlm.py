@@ -5,7 +5,14 @@ import pytest
 import torch
 from datasets import Dataset
 
-from replayrl import GRPOConfig, GRPOTrainer, GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
+from replayrl import (
+    GRPOConfig,
+    GRPOTrainer,
+    GRPOWithReplayBufferConfig,
+    GRPOWithReplayBufferTrainer,
+    RLOOConfig,
+    RLOOTrainer,
+)
 from replayrl.checkpoints import load_extra_state, save_extra_state
 from replayrl.data.vision import prepare_multimodal_messages
 from replayrl.models.tiny_vlm import FAMILIES, IMAGE_SIZE, build_tiny_processor, build_tiny_vlm
@@ -49,6 +56,13 @@ class RecordingReplay(Recording, GRPOWithReplayBufferTrainer):
     seen: list
 
 
+class RecordingRLOO(Recording, RLOOTrainer):
+    seen: list
+
+
+TRAINERS = {"grpo": (RecordingGRPO, GRPOConfig), "rloo": (RecordingRLOO, RLOOConfig)}
+
+
 def reference_inputs(processor, dataset):
     """Each row's prompt ids and image inputs, made by the processor alone (not by the trainer's code)."""
     out = []
@@ -84,17 +98,19 @@ def match_rows(batch, refs) -> list[int]:
     return found
 
 
+@pytest.mark.parametrize("algo", sorted(TRAINERS))
 @pytest.mark.parametrize("family", FAMILIES)
-def test_grpo_trains_each_vlm_on_its_images_with_the_models_own_logps(family, tmp_path):
-    """Two optimizer steps per generation (so the behaviour log-probs come from a forward before the update) with a
-    KL term (a frozen reference): both stored log-prob sets equal the model's own forward on the processor's
-    inputs, to 1e-5 in fp32; and every weight of the language model moved."""
+def test_each_vlm_trains_on_its_images_with_the_models_own_logps(family, algo, tmp_path):
+    """GRPO and RLOO, two optimizer steps per generation (so the behaviour log-probs come from a forward before the
+    update) with a KL term (a frozen reference): both stored log-prob sets equal the model's own forward on the
+    processor's inputs, to 1e-5 in fp32; and every weight of the language model moved."""
     processor, dataset = build_tiny_processor(family), image_rows(family)
     model = build_tiny_vlm(family, seed=0)
-    args = tiny_args(GRPOConfig, tmp_path, per_device_train_batch_size=4, num_generations=2, steps_per_generation=2,
-                     max_steps=2, beta=0.1, temperature=0.9, max_prompt_length=None)  # fmt: skip
-    trainer = RecordingGRPO(model=model, reward_funcs=length_reward, args=args, train_dataset=dataset,
-                            processing_class=processor)  # fmt: skip
+    trainer_cls, config_cls = TRAINERS[algo]
+    args = tiny_args(config_cls, tmp_path, per_device_train_batch_size=4, num_generations=2, steps_per_generation=2,
+                     max_steps=2, beta=0.1, temperature=0.9, max_prompt_length=None, bf16=False)  # fmt: skip
+    trainer = trainer_cls(model=model, reward_funcs=length_reward, args=args, train_dataset=dataset,
+                          processing_class=processor)  # fmt: skip
     trainer.seen = []
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     trainer.train()
