@@ -11,9 +11,10 @@ chance by looking at the pixels. `shape_reward` scores the first letter of a com
 from __future__ import annotations
 
 import random
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from datasets import Dataset
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 COLOURS = {"R": (220, 30, 30), "G": (30, 200, 30), "B": (30, 30, 220)}
 QUESTIONS = {
@@ -40,6 +41,8 @@ def shape_dataset(
     n: int = 32, size: int = 56, question: Literal["colour", "position"] = "colour", seed: int = 0
 ) -> Dataset:
     """``n`` rows: a conversational ``prompt`` (the question), an ``image`` (PIL) and the ``answer`` letter."""
+    from datasets import Dataset
+
     if question not in QUESTIONS:
         raise ValueError(f"question={question!r}: use one of {sorted(QUESTIONS)}.")
     rng = random.Random(seed)
