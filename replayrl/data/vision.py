@@ -30,6 +30,12 @@ def has_images(dataset) -> bool:
     return any(c in names for c in IMAGE_COLUMNS)
 
 
+def any_images(train_dataset, eval_dataset=None) -> bool:
+    """Whether the train dataset or any eval dataset (one, or a dict of them) has an image column."""
+    evals = list(eval_dataset.values()) if isinstance(eval_dataset, dict) else [eval_dataset]
+    return any(d is not None and has_images(d) for d in [train_dataset, *evals])
+
+
 def load_image(image):
     """A PIL RGB image from a PIL image, a path, bytes, or a ``{"bytes", "path"}`` dict."""
     from PIL import Image

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from replayrl.data.collators import IGNORE_INDEX
-from replayrl.data.vision import prepare_multimodal_messages, row_images, text_tokenizer
+from replayrl.data.vision import TOKEN_KEYS, prepare_multimodal_messages, row_images, text_tokenizer
 
 
 class VisionSFTCollator:
@@ -79,3 +79,50 @@ def vision_sft_tokenizer(processing_class):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+class VisionDPOCollator:
+    """Raw preference rows with images (conversational `prompt`, `chosen`, `rejected`; an `image`/`images` column)
+    -> the per-side DPO batch (`chosen_input_ids`, `chosen_attention_mask`, `chosen_labels`, the same for
+    `rejected_*`: prompt + completion, right-padded, labels `label_pad_token_id` on the prompt and padding) plus the
+    processor's image inputs of the B prompts under ``vision_<key>`` (`vision_model_inputs` lays them out for the
+    2B chosen + rejected rows). ``ref_chosen_logps`` / ``ref_rejected_logps`` pass through when present."""
+
+    def __init__(self, processor, image_token_ids: list[int], label_pad_token_id: int = IGNORE_INDEX,
+                 max_length: int | None = None):  # fmt: skip
+        self.sft = VisionSFTCollator(processor, image_token_ids, completion_only_loss=True, max_length=max_length)
+        self.label_pad_token_id = label_pad_token_id
+        self.pad_token_id = text_tokenizer(processor).pad_token_id
+        self.image_token_ids = list(image_token_ids)
+        self.token_keys: set[str] = set()  # the per-token inputs the processor returns (rebuilt per forward)
+
+    def __call__(self, rows: list[dict]) -> dict[str, Tensor]:
+        batch: dict[str, Tensor] = {}
+        for side in ("chosen", "rejected"):
+            sides = [{**r, "completion": r[side]} for r in rows]
+            out = self.sft([{k: v for k, v in r.items() if k not in ("chosen", "rejected")} for r in sides])
+            batch[f"{side}_input_ids"], batch[f"{side}_attention_mask"] = (
+                out.pop("input_ids"),
+                out.pop("attention_mask"),
+            )
+            labels = out.pop("labels")
+            # image placeholders are prompt tokens (labelled already); padding and prompt: the DPO label pad
+            batch[f"{side}_labels"] = labels.masked_fill(labels == IGNORE_INDEX, self.label_pad_token_id)
+            self.token_keys |= {k for k in out if k in TOKEN_KEYS}
+            if side == "chosen":
+                batch.update({f"vision_{k}": v for k, v in out.items() if k not in TOKEN_KEYS})
+        for key in ("ref_chosen_logps", "ref_rejected_logps"):
+            if key in rows[0]:
+                batch[key] = torch.tensor([float(r[key]) for r in rows], dtype=torch.float32)
+        return batch
+
+
+def vision_model_inputs(batch: dict[str, Tensor], ids: Tensor, image_token_ids: list[int], token_keys) -> dict:
+    """The model's image inputs for the 2B rows ``ids`` (every chosen row, then every rejected one) of a batch from
+    `VisionDPOCollator`: the B prompts' per-image tensors twice, and the per-token keys the model takes (``token_keys``,
+    e.g. ``token_type_ids``) rebuilt as 1 on the image placeholders (what the processors return for images)."""
+    out = {k[len("vision_") :]: torch.cat([v, v]) for k, v in batch.items() if k.startswith("vision_")}
+    if not out:
+        return out
+    is_image = torch.isin(ids, torch.tensor(image_token_ids, device=ids.device)).long()
+    return {**out, **{key: is_image for key in token_keys}}

@@ -94,7 +94,7 @@ def load_model(
         kwargs["num_labels"] = 1
     try:
         cls = ARCHITECTURES[architecture]
-        if architecture == "causal_lm" and is_vision_language(model, kwargs.get("trust_remote_code", False)):
+        if architecture == "causal_lm" and is_vision_language(model, trust_remote_code=trust_remote_code):
             from transformers import AutoModelForImageTextToText as cls  # as TRL 1.16: a VLM's own class
         return cls.from_pretrained(model, **kwargs)
     except (OSError, ValueError) as err:
@@ -104,16 +104,16 @@ def load_model(
         ) from err
 
 
-def is_vision_language(model: str | PreTrainedModel, trust_remote_code: bool = False) -> bool:
-    """Whether a model (object, or name/path: its config is read) is an image-text-to-text model (a VLM)."""
+def is_vision_language(model: str | PreTrainedModel, **remote: Any) -> bool:
+    """Whether a model (object, or name/path: its config is read) is an image-text-to-text model (a VLM). A config
+    that cannot be read says no: loading the model itself then reports why."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
-    config = (
-        model.config
-        if not isinstance(model, str)
-        else AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
-    )
+    try:
+        config = model.config if not isinstance(model, str) else AutoConfig.from_pretrained(model, **remote)
+    except (OSError, ValueError):
+        return False
     return getattr(config, "model_type", None) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 
@@ -136,7 +136,8 @@ def load_tokenizer(
             )
         try:
             auto = AutoTokenizer
-            if is_vision_language(model):  # as TRL 1.16: a VLM's processor (images + text)
+            remote = {k: v for k, v in tokenizer_kwargs.items() if k == "trust_remote_code"}
+            if is_vision_language(model, **remote):  # as TRL 1.16: a VLM's processor (images + text)
                 from transformers import AutoProcessor as auto
             processing_class = auto.from_pretrained(name, **tokenizer_kwargs)
         except (OSError, ValueError) as err:

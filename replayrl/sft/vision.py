@@ -3,7 +3,7 @@ collator (`replayrl.data.vision_collator`) runs the processor per batch, as TRL 
 
 from __future__ import annotations
 
-from replayrl.data.vision import has_images, image_token_ids, is_processor
+from replayrl.data.vision import any_images, image_token_ids, is_processor
 from replayrl.data.vision_collator import VisionSFTCollator
 
 # The raw columns the vision collator reads (Trainer drops the others unless remove_unused_columns=False).
@@ -11,8 +11,7 @@ VISION_SFT_COLUMNS = ["messages", "prompt", "completion", "image", "images"]
 
 
 def is_vision_sft(train_dataset, eval_dataset) -> bool:
-    evals = list(eval_dataset.values()) if isinstance(eval_dataset, dict) else [eval_dataset]
-    return any(d is not None and has_images(d) for d in [train_dataset, *evals])
+    return any_images(train_dataset, eval_dataset)
 
 
 def check_vision_sft(args, processing_class, formatting_func) -> None:
