@@ -55,10 +55,9 @@ def build_vlm_tokenizer(family: Family) -> PreTrainedTokenizerFast:
     tokenizer = build_tokenizer()
     tokenizer.add_tokens(_IMAGE_TOKENS[family], special_tokens=True)
     tokenizer.chat_template = _chat_template(_IMAGE_MARKUP[family])
-    if family == "gemma3":  # Gemma3Processor reads these attributes
-        tokenizer.boi_token, tokenizer.image_token, tokenizer.eoi_token = _IMAGE_TOKENS["gemma3"]
-        for name in ("boi_token", "image_token", "eoi_token"):
-            setattr(tokenizer, f"{name}_id", tokenizer.convert_tokens_to_ids(getattr(tokenizer, name)))
+    if family == "gemma3":  # Gemma3Processor reads these named tokens (saved and reloaded with the tokenizer)
+        named = dict(zip(("boi_token", "image_token", "eoi_token"), _IMAGE_TOKENS["gemma3"]))
+        tokenizer._set_model_specific_special_tokens(special_tokens=named)  # what `extra_special_tokens={...}` does
     return tokenizer
 
 

@@ -188,3 +188,43 @@ def test_replayed_vlm_groups_train_on_exactly_the_images_they_were_generated_wit
         assert torch.equal(a.rollout.vision.row_item, b.rollout.vision.row_item)
         for key, value in a.rollout.vision.items[0].items():
             assert torch.equal(value, b.rollout.vision.items[0][key])
+
+
+def test_a_vlm_given_by_path_loads_with_its_processor_as_trl_does(tmp_path):
+    """A saved VLM loads with AutoModelForImageTextToText and, with no processing_class, AutoProcessor."""
+    family = "llava"
+    build_tiny_vlm(family).save_pretrained(tmp_path / "llava")
+    build_tiny_processor(family).save_pretrained(tmp_path / "llava")
+    args = tiny_args(GRPOConfig, tmp_path, num_generations=2, max_steps=1, max_prompt_length=None)
+    trainer = GRPOTrainer(model=str(tmp_path / "llava"), reward_funcs=length_reward, args=args,
+                          train_dataset=image_rows(family))  # fmt: skip
+    assert type(trainer.model).__name__ == "LlavaForConditionalGeneration"
+    assert type(trainer.processing_class).__name__ == "LlavaProcessor"
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+def test_grpo_with_lora_on_the_language_model_keeps_the_vision_tower_and_the_base_as_reference(tmp_path):
+    """LoRA on the language model's attention only: the reference log-probs (adapter off) are the untrained
+    model's own, and the vision tower and every base weight stay as they were."""
+    from peft import LoraConfig
+
+    family = "qwen2_vl"
+    processor, dataset = build_tiny_processor(family), image_rows(family)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=r".*language_model.*\.(q_proj|v_proj)", lora_dropout=0.0)
+    args = tiny_args(GRPOConfig, tmp_path, num_generations=2, max_steps=2, beta=0.1, max_prompt_length=None)
+    trainer = RecordingGRPO(model=build_tiny_vlm(family, seed=0), reward_funcs=length_reward, args=args,
+                            train_dataset=dataset, processing_class=processor, peft_config=lora)  # fmt: skip
+    trainer.seen = []
+    base_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" not in n}
+    lora_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
+    trainer.train()
+    params = dict(trainer.model.named_parameters())
+    assert lora_before and all(not torch.equal(lora_before[n], params[n]) for n in lora_before if "lora_B" in n)
+    assert all(torch.equal(base_before[n], params[n]) for n in base_before)  # vision tower included
+    initial, refs = build_tiny_vlm(family, seed=0).eval(), reference_inputs(processor, dataset)
+    batch = trainer.seen[-1]  # after the first update: the reference is still the base model
+    for i, k in enumerate(match_rows(batch, refs)):
+        real = batch.completion_mask[i].bool()
+        expected = own_logps(initial, refs[k], batch.completion_ids[i][real], args.temperature)
+        torch.testing.assert_close(batch.ref_logps[i][real], expected, atol=1e-5, rtol=0)
