@@ -60,7 +60,11 @@ class RecordingRLOO(Recording, RLOOTrainer):
     seen: list
 
 
-TRAINERS = {"grpo": (RecordingGRPO, GRPOConfig), "rloo": (RecordingRLOO, RLOOConfig)}
+TRAINERS = {
+    "grpo": (RecordingGRPO, GRPOConfig, {}),
+    "replay": (RecordingReplay, GRPOWithReplayBufferConfig, {"replay_buffer_size": 4}),
+    "rloo": (RecordingRLOO, RLOOConfig, {}),
+}
 
 
 def reference_inputs(processor, dataset):
@@ -106,9 +110,9 @@ def test_each_vlm_trains_on_its_images_with_the_models_own_logps(family, algo, t
     processor's inputs, to 1e-5 in fp32; and every weight of the language model moved."""
     processor, dataset = build_tiny_processor(family), image_rows(family)
     model = build_tiny_vlm(family, seed=0)
-    trainer_cls, config_cls = TRAINERS[algo]
+    trainer_cls, config_cls, extra = TRAINERS[algo]
     args = tiny_args(config_cls, tmp_path, per_device_train_batch_size=4, num_generations=2, steps_per_generation=2,
-                     max_steps=2, beta=0.1, temperature=0.9, max_prompt_length=None, bf16=False)  # fmt: skip
+                     max_steps=2, beta=0.1, temperature=0.9, max_prompt_length=None, bf16=False, **extra)  # fmt: skip
     trainer = trainer_cls(model=model, reward_funcs=length_reward, args=args, train_dataset=dataset,
                           processing_class=processor)  # fmt: skip
     trainer.seen = []
@@ -152,8 +156,8 @@ def zero_std_for_even(completions, index, **kwargs):
     return [0.0 if k % 2 == 0 else float(sum(map(ord, c[0]["content"])) % 5) for c, k in zip(completions, index)]
 
 
-def test_replayed_vlm_groups_train_on_exactly_the_images_they_were_generated_with(tmp_path):
-    family = "qwen2_5_vl"
+@pytest.mark.parametrize("family", FAMILIES)
+def test_replayed_vlm_groups_train_on_exactly_the_images_they_were_generated_with(family, tmp_path):
     processor, dataset = build_tiny_processor(family), image_rows(family, n=8)
     args = tiny_args(GRPOWithReplayBufferConfig, tmp_path, per_device_train_batch_size=4, num_generations=2,
                      max_steps=6, replay_buffer_size=4, beta=0.0, max_prompt_length=None)  # fmt: skip
@@ -165,13 +169,17 @@ def test_replayed_vlm_groups_train_on_exactly_the_images_they_were_generated_wit
     replayed = 0
     for batch in trainer.seen:
         rows = match_rows(batch, refs)
-        pixels = batch.model_inputs()
-        offset = 0
-        for i, k in enumerate(rows):  # the pixels each row is trained with are its own prompt's image's
-            n = refs[k]["pixel_values"].shape[0]
-            torch.testing.assert_close(pixels["pixel_values"][offset : offset + n], refs[k]["pixel_values"])
-            assert torch.equal(pixels["image_grid_thw"][i : i + 1], refs[k]["image_grid_thw"])
-            offset += n
+        inputs = batch.model_inputs()
+        offsets = dict.fromkeys(inputs, 0)
+        for i, k in enumerate(rows):  # every image input each row is trained with is its own prompt's image's
+            for key in offsets:
+                if key in ("token_type_ids", "mm_token_type_ids"):  # per token: the row's prompt positions
+                    real = batch.prompt_mask[i].bool()
+                    assert torch.equal(inputs[key][i, : real.numel()][real], refs[k][key][0])
+                    continue
+                n = refs[k][key].shape[0]
+                assert torch.equal(inputs[key][offsets[key] : offsets[key] + n], refs[k][key])
+                offsets[key] += n
             replayed += int(batch.replayed[i])
     assert replayed > 0
     assert trainer.replay_buffer.groups
