@@ -38,7 +38,10 @@ def any_images(train_dataset, eval_dataset=None) -> bool:
 
 def load_image(image):
     """A PIL RGB image from a PIL image, a path, bytes, or a ``{"bytes", "path"}`` dict."""
-    from PIL import Image
+    try:
+        from PIL import Image
+    except ImportError as err:
+        raise ImportError("images need pillow: `pip install replayrl[vlm]`.") from err
 
     if isinstance(image, dict):
         image = image.get("bytes") or image.get("path")
