@@ -400,9 +400,9 @@ class GRPOTrainer(
         input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
         attention_mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
         width = rollout.completion_ids.shape[1]
-        return self._forward_token_stats(
-            model, input_ids, attention_mask, width, with_entropy, entropy_grad, **rollout.model_inputs()
-        )
+        vision = getattr(rollout, "vision", None)  # a VLM's image inputs (any record with the token fields works)
+        extra = {} if vision is None else vision.model_kwargs(rollout.prompt_mask, width)
+        return self._forward_token_stats(model, input_ids, attention_mask, width, with_entropy, entropy_grad, **extra)
 
     # ----------------------------------------------------------------------------------------- loss
     def compute_loss(self, model, inputs: Rollout, return_outputs=False, num_items_in_batch=None):
