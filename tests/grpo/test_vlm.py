@@ -199,17 +199,21 @@ def test_replayed_vlm_groups_train_on_exactly_the_images_they_were_generated_wit
 
 
 def test_a_vlm_given_by_path_loads_with_its_processor_as_trl_does(tmp_path):
-    """A saved VLM loads with AutoModelForImageTextToText and, with no processing_class, AutoProcessor."""
+    """A saved VLM loads with AutoModelForImageTextToText and, with no processing_class, AutoProcessor; it trains
+    and evaluates (generation and the loss with images, no buffer) on image rows."""
     family = "llava"
     build_tiny_vlm(family).save_pretrained(tmp_path / "llava")
     build_tiny_processor(family).save_pretrained(tmp_path / "llava")
-    args = tiny_args(GRPOConfig, tmp_path, num_generations=2, max_steps=1, max_prompt_length=None)
+    args = tiny_args(GRPOConfig, tmp_path, num_generations=2, max_steps=1, max_prompt_length=None,
+                     per_device_eval_batch_size=4)  # fmt: skip
     trainer = GRPOTrainer(model=str(tmp_path / "llava"), reward_funcs=length_reward, args=args,
-                          train_dataset=image_rows(family))  # fmt: skip
+                          train_dataset=image_rows(family), eval_dataset=image_rows(family))  # fmt: skip
     assert type(trainer.model).__name__ == "LlavaForConditionalGeneration"
     assert type(trainer.processing_class).__name__ == "LlavaProcessor"
     trainer.train()
     assert trainer.state.global_step == 1
+    metrics = trainer.evaluate()
+    assert "eval_reward" in metrics and metrics["eval_completion_length"] > 0
 
 
 def test_grpo_with_lora_on_the_language_model_keeps_the_vision_tower_and_the_base_as_reference(tmp_path):
