@@ -240,3 +240,28 @@ def test_grpo_with_lora_on_the_language_model_keeps_the_vision_tower_and_the_bas
         real = batch.completion_mask[i].bool()
         expected = own_logps(initial, refs[k], batch.completion_ids[i][real], args.temperature)
         torch.testing.assert_close(batch.ref_logps[i][real], expected, atol=1e-5, rtol=0)
+
+
+def test_resuming_mid_generation_restores_the_batch_with_its_images(tmp_path):
+    """A checkpoint taken between the two optimizer steps one generation serves holds the pending micro-batch with
+    its image inputs (tensors + JSON); the resumed run trains on exactly what the uninterrupted run did."""
+    family = "gemma3"
+    processor, dataset = build_tiny_processor(family), image_rows(family)
+
+    def run(out, **overrides):
+        args = tiny_args(GRPOConfig, out, num_generations=2, steps_per_generation=2, max_steps=2,
+                         max_prompt_length=None, save_strategy="steps", save_steps=1, **overrides)  # fmt: skip
+        trainer = RecordingGRPO(model=build_tiny_vlm(family, seed=0), reward_funcs=length_reward, args=args,
+                                train_dataset=dataset, processing_class=processor)  # fmt: skip
+        trainer.seen = []
+        return trainer
+
+    full = run(tmp_path / "full")
+    full.train()
+    resumed = run(tmp_path / "resumed")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "out" / "checkpoint-1"))
+    assert len(resumed.seen) == 1  # the second micro-batch only: no new generation after the resume
+    a, b = full.seen[1], resumed.seen[0]
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.prompt_ids, b.prompt_ids)
+    for key, value in a.model_inputs().items():
+        assert torch.equal(value, b.model_inputs()[key]), key
