@@ -69,6 +69,14 @@ EXTRA_TOKENS = {"llama": ["<|finetune_right_pad_id|>"]}  # pad token TRL's Llama
 # Stand-ins whose tokenizer keeps the hub Qwen tokenizer's ids (`qwen_tokenizer`): TRL's tests feed these models
 # fixed Qwen token ids through a mocked `generate` (EOS 151645, pad 151643, tool calls), and rely on a vocabulary of
 # 151k ids (random weights: EOS within 8 tokens is unlikely).
+# TRL's vision-language test models -> `replayrl.models.tiny_vlm` stand-ins (model + processor). The Qwen-VL
+# processors reload through AutoProcessor only with torchvision (their video processor), which this CPU lacks.
+VLM_MODELS = {
+    "tiny-Qwen2VLForConditionalGeneration": "qwen2_vl",
+    "tiny-Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+    "tiny-LlavaForConditionalGeneration": "llava",
+    "tiny-Gemma3ForConditionalGeneration": "gemma3",
+}
 QWEN_IDS = {"tiny-Qwen2ForCausalLM-2.5", "tiny-Qwen3MoeForCausalLM"}
 # The hub Qwen vocabulary's entries that TRL's tests hard-code, at their ids (each test spells out the text it means).
 QWEN_WORDS = {
@@ -160,6 +168,12 @@ def build_local_model(name: str, out: Path) -> str | None:
 
     from replayrl.models import tiny
 
+    if name in VLM_MODELS:
+        from replayrl.models.tiny_vlm import build_tiny_processor, build_tiny_vlm
+
+        build_tiny_vlm(VLM_MODELS[name]).save_pretrained(out / name)
+        build_tiny_processor(VLM_MODELS[name]).save_pretrained(out / name)
+        return str(out / name)
     if name not in LOCAL_MODELS:
         return v071.build(name, out)
     model_type, head, extra = LOCAL_MODELS[name]

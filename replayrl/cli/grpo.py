@@ -43,6 +43,7 @@ from replayrl.models.model_config import ModelConfig
 from replayrl.replay.config import GRPOWithReplayBufferConfig
 from replayrl.rewards.builtin import RewardFunc, get_reward
 from replayrl.tasks import addition as default_task
+from replayrl.tasks import vlm_colours
 
 if TYPE_CHECKING:  # the trainer, datasets and plotting are imported where used: `--help` stays light
     from datasets import Dataset
@@ -74,6 +75,13 @@ class ScriptArguments(DataArguments):
     reward_model_name_or_path: str | None = field(
         default=None, metadata=_help("A sequence-classification reward model (hub name or local folder), scored too.")
     )
+    vlm: bool = field(
+        default=False,
+        metadata=_help(
+            "Run the built-in vision-language job instead (replayrl/tasks/vlm_colours.py: a tiny Qwen2-VL learns to "
+            "read a shape's colour off an image); takes no model and no dataset."
+        ),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- arguments
@@ -89,6 +97,7 @@ def build_grpo_parser(all_flags: bool = False):
         "examples:\n"
         f"  {PROG} grpo                                            # built-in default job, offline, ~1 min on CPU\n"
         f"  {PROG} grpo --max_steps 100 --replay_buffer_size 0     # built-in job, shorter, without the buffer\n"
+        f"  {PROG} grpo --vlm                                      # built-in vision-language job (docs/vlm.md)\n"
         f"  {PROG} grpo --config examples/qwen2_0.5b_math_boxed.yaml --learning_rate 2e-6\n"
         f"  {PROG} grpo --model_name_or_path ./my-model --dataset_name data.jsonl --prompt_column question \\\n"
         "      --reward_funcs boxed my_rewards.format --num_generations 8 --use_peft --lora_r 8\n\n"
@@ -160,9 +169,26 @@ def parse_grpo_args(argv: list[str]) -> tuple[ScriptArguments, ModelConfig, GRPO
         parser.print_help()  # the library's defaults, not the built-in job's
         raise SystemExit(0)
     defaults = {"output_dir": run_dir("grpo"), "report_to": "none"}
-    script, config, model_args = parse_with_recipe(parser, argv, "grpo", defaults, default_task.DEFAULT_CONFIG)
+    job = vlm_colours if _wants_vlm(argv) else default_task
+    script, config, model_args = parse_with_recipe(parser, argv, "grpo", defaults, job.DEFAULT_CONFIG)
     check_trackers(config.report_to)
+    if script.vlm and (script.dataset_name or model_args.model_name_or_path):
+        raise CLIError("--vlm runs the built-in vision-language job: drop --dataset_name and --model_name_or_path")
     return script, model_args, config
+
+
+def _wants_vlm(argv: list[str]) -> bool:
+    """Whether the command line asks for the built-in VLM job (`--vlm`, `--vlm true`), before parsing: its settings
+    are the defaults the parser fills in."""
+    if "--vlm" not in argv:
+        return any(a.lower() in ("--vlm=true", "--vlm=1") for a in argv)
+    following = argv[argv.index("--vlm") + 1 : argv.index("--vlm") + 2]
+    return not following or following[0].lower() not in ("false", "0", "no")
+
+
+def _task(script: ScriptArguments):
+    """The built-in job's module: the VLM one with --vlm, else the addition task."""
+    return vlm_colours if script.vlm else default_task
 
 
 def prepare_prompts(dataset: Dataset, prompt_column: str, system_prompt: str | None) -> Dataset:
@@ -186,13 +212,15 @@ def prepare_prompts(dataset: Dataset, prompt_column: str, system_prompt: str | N
         return dataset.map(to_chat)
 
 
-def resolve_rewards(specs: list[str] | None, reward_model: str | None, builtin_task: bool) -> list[RewardFunc | str]:
+def resolve_rewards(
+    specs: list[str] | None, reward_model: str | None, builtin_task: bool, task=default_task
+) -> list[RewardFunc | str]:
     """Reward functions from their specs (the current directory importable, as for TRL's CLI), plus the reward
-    model's path, which the trainer loads."""
+    model's path, which the trainer loads; without either, the built-in `task`'s reward."""
     extra = [reward_model] if reward_model else []
     if not specs:
         if builtin_task and not extra:
-            return [default_task.task_reward()]
+            return [task.task_reward()]
         if extra:
             return extra
         raise CLIError(
@@ -212,7 +240,7 @@ def _datasets(script: ScriptArguments, config: GRPOWithReplayBufferConfig) -> tu
     """(train, eval or None). The built-in task evaluates on its held-out prompts."""
     evaluating = config.eval_strategy != "no" or config.eval_on_start
     if script.dataset_name is None:
-        train, held_out = default_task.task_datasets(config.seed)
+        train, held_out = _task(script).task_datasets(config.seed)
         return train, held_out if evaluating else None
     load = [script.dataset_train_split] + ([script.dataset_test_split] if evaluating else [])
     loaded = [load_any_dataset(script.dataset_name, script.dataset_config, split) for split in load]
@@ -233,11 +261,11 @@ def build_trainer(
 
     trainer_cls = trainer_cls or GRPOWithReplayBufferTrainer
     builtin_task = script.dataset_name is None
-    rewards = resolve_rewards(script.reward_funcs, script.reward_model_name_or_path, builtin_task)
+    rewards = resolve_rewards(script.reward_funcs, script.reward_model_name_or_path, builtin_task, _task(script))
     train, evaluation = _datasets(script, config)
     try:
         if model_args.model_name_or_path is None:
-            model, tokenizer = default_task.build_default_model(config.seed)
+            model, tokenizer = _task(script).build_default_model(config.seed)
         else:
             model, tokenizer = model_args.model_name_or_path, None
         peft_config = model_loading(model_args, config)
@@ -255,7 +283,9 @@ def build_trainer(
 
 
 def _describe(script: ScriptArguments, model_args: ModelConfig, config: GRPOWithReplayBufferConfig) -> str:
-    if model_args.model_name_or_path is None and script.dataset_name is None:
+    if script.vlm:
+        job = f"built-in VLM job: {vlm_colours.TASK_DESCRIPTION} (replayrl/tasks/vlm_colours.py)"
+    elif model_args.model_name_or_path is None and script.dataset_name is None:
         job = f"built-in default job: {default_task.TASK_DESCRIPTION} (replayrl/tasks/addition.py)"
     else:
         model = model_args.model_name_or_path or "the built-in tiny model"

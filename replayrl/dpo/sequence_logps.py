@@ -35,14 +35,16 @@ def padded_sums(
     with_logits: bool,
     with_wpo: bool,
     ld_alpha: float | None = None,
+    **model_inputs,
 ) -> dict[str, Tensor]:
-    """Rows (R, L) as they are; only the logits from the first completion position on are computed."""
+    """Rows (R, L) as they are; only the logits from the first completion position on are computed.
+    `model_inputs`: a VLM's image inputs for the rows (`pixel_values`, ...)."""
     completion = labels != label_pad_token_id
     # logits at position t predict token t + 1: keep them from the first completion token - 1 on
     first = int(completion.float().argmax(1)[completion.any(1)].min()) if completion.any() else 1
     start = max(first - 1, 0)
     kwargs = {"logits_to_keep": ids.shape[1] - start} if _accepts_logits_to_keep(model) else {}
-    _, head = forward_to_head(model, input_ids=ids, attention_mask=mask, use_cache=False, **kwargs)
+    _, head = forward_to_head(model, input_ids=ids, attention_mask=mask, use_cache=False, **kwargs, **model_inputs)
     head = head.positions(slice(-(ids.shape[1] - start), -1))
     targets, target_mask = labels[:, start + 1 :], completion[:, start + 1 :]
     return _token_sums(head, targets, target_mask, None, ids.shape[0], with_logits, with_wpo, ld_alpha)

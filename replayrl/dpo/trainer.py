@@ -39,8 +39,11 @@ from replayrl.data.preference import (
 )
 from replayrl.data.prefix_sharing import PADDING, PREFIX, SIDES, SharedPrefixRows, share_prefixes_for
 from replayrl.data.streaming import column_names, is_streaming, map_options, prepare_streaming_training
+from replayrl.data.vision import any_images, text_tokenizer
+from replayrl.data.vision_collator import vision_model_inputs
 from replayrl.dpo.config import DPOConfig
 from replayrl.dpo.sequence_logps import packed_sums, padded_sums, shared_sums
+from replayrl.dpo.vision import VISION_DPO_COLUMNS, check_vision_dpo, vision_dpo_collator
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.attention import is_peft_model
 from replayrl.models.loading import (
@@ -120,10 +123,15 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
         self._init_router_aux(model, args.router_aux_loss_coef)
         self._router_token_mask = None
         self.is_peft_model = is_peft_model(model)
+        self._vision = any_images(train_dataset, eval_dataset)  # raw rows, collated by the processor
+        if self._vision:
+            check_vision_dpo(args, processing_class)
+            data_collator = data_collator or vision_dpo_collator(model, processing_class, args)
         with PartialState().main_process_first():
-            train_dataset = self._tokenize(train_dataset, "train_dataset", processing_class, args)
-            eval_dataset = self._tokenize(eval_dataset, "eval_dataset", processing_class, args)
-        pad_id = args.padding_value if args.padding_value is not None else processing_class.pad_token_id
+            if not self._vision:
+                train_dataset = self._tokenize(train_dataset, "train_dataset", processing_class, args)
+                eval_dataset = self._tokenize(eval_dataset, "eval_dataset", processing_class, args)
+        pad_id = args.padding_value if args.padding_value is not None else text_tokenizer(processing_class).pad_token_id
         if data_collator is None:
             data_collator = DPODataCollator(
                 pad_id, args.label_pad_token_id, args.max_length, args.truncation_mode, args.pad_to_multiple_of
@@ -166,7 +174,7 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
         remote = {"trust_remote_code": True} if args.trust_remote_code else {}
         processing_class = load_tokenizer(processing_class, model, pad_with_eos=args.pad_token is None, **remote)
         if args.pad_token is not None:
-            set_special_token(processing_class, "pad_token", args.pad_token)
+            set_special_token(text_tokenizer(processing_class), "pad_token", args.pad_token)
         return processing_class
 
     @staticmethod
@@ -236,7 +244,8 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
         """The columns `remove_unused_columns=True` keeps (TRL 1.16's): the tokenised pair and precomputed reference
         log-probs."""
         if self._signature_columns is None:
-            self._signature_columns = [*DPO_COLUMNS, "ref_chosen_logps", "ref_rejected_logps"]
+            columns = VISION_DPO_COLUMNS if self._vision else [*DPO_COLUMNS, "ref_chosen_logps", "ref_rejected_logps"]
+            self._signature_columns = columns
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
         """As Trainer.evaluate; a dataset passed here is tokenised (and gets reference log-probs when
@@ -331,7 +340,11 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
             c = self.concatenated_inputs(batch)
             ids, mask, labels = c["concatenated_input_ids"], c["concatenated_attention_mask"], c["concatenated_labels"]
             layout = packed_sums if self.args.padding_free else padded_sums
-            sums = layout(model, ids, mask, labels, pad, with_logits, wpo, ld_alpha)
+            extra = {}
+            if self._vision:  # the prompts' images, for every chosen row and then every rejected one
+                collator = self.data_collator
+                extra = vision_model_inputs(batch, ids, collator.image_token_ids, collator.token_keys)
+            sums = layout(model, ids, mask, labels, pad, with_logits, wpo, ld_alpha, **extra)
             self._router_token_mask = None if self.args.padding_free else mask  # packed rows hold real tokens only
         n = batch["chosen_input_ids"].shape[0]
         out = {}
@@ -341,7 +354,7 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
 
     def _shared_rows(self, model, batch: dict[str, Tensor]) -> SharedPrefixRows | None:
         """The batch as prefix-shared rows, or None where that layout does not apply (see `prefix_sharing`)."""
-        if not self.args.prefix_sharing or self.args.padding_free:
+        if not self.args.prefix_sharing or self.args.padding_free or self._vision:
             return None
         pad_id = getattr(self.data_collator, "pad_token_id", None) or 0
         parts = (batch[f"{side}_{key}"] for side in SIDES for key in ("input_ids", "attention_mask"))

@@ -69,15 +69,17 @@ def sampling_mode(model):
 
 @torch.no_grad()
 def generate_completions(
-    model, prompt_ids: Tensor, prompt_mask: Tensor, generation_config: GenerationConfig
+    model, prompt_ids: Tensor, prompt_mask: Tensor, generation_config: GenerationConfig, **model_inputs
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Sample one completion per row. Returns completion ids (N, C), mask (N, C) and truncated (N,)."""
+    """Sample one completion per row. Returns completion ids (N, C), mask (N, C) and truncated (N,).
+    `model_inputs`: the model's extra inputs for the prompts (a VLM's ``pixel_values``, ...)."""
     with sampling_mode(model):
         out = model.generate(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
             generation_config=generation_config,
             synced_gpus=needs_synced_gpus(model) or None,  # sharded weights: every process joins every forward
+            **model_inputs,
         )
     completion_ids = out[:, prompt_ids.shape[1] :]
     mask, truncated = completion_mask_from_eos(completion_ids, generation_config.eos_token_id)
@@ -93,8 +95,11 @@ class HFGenerationBackend:
         self.model = model
         self.generation_config = generation_config
 
-    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor) -> GenerationOutput:
-        ids, mask, truncated = generate_completions(self.model, prompt_ids, prompt_mask, self.generation_config)
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, **model_inputs) -> GenerationOutput:
+        """`model_inputs`: a VLM's image inputs for the rows (`VisionInputs.model_kwargs`)."""
+        ids, mask, truncated = generate_completions(
+            self.model, prompt_ids, prompt_mask, self.generation_config, **model_inputs
+        )
         return GenerationOutput(completion_ids=ids, completion_mask=mask, truncated=truncated)
 
     def sync_weights(self, model) -> None:

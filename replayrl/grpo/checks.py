@@ -87,6 +87,29 @@ class _NoColumns:
         return {}
 
 
+def check_images(args, processing_class, tools, environment_factory, rollout_func) -> None:
+    """A dataset with an image column: what replayrl trains a vision-language model with (docs/vlm.md)."""
+    if not hasattr(processing_class, "image_processor"):
+        raise ValueError(
+            f"the dataset has an 'image'/'images' column but processing_class is a {type(processing_class).__name__}, "
+            "not a processor that handles images: pass the model's processor (AutoProcessor.from_pretrained(...))."
+        )
+    backend = "use_vllm=True" if args.use_vllm else "use_transformers_continuous_batching=True"
+    if args.use_vllm or getattr(args, "use_transformers_continuous_batching", False):
+        raise ValueError(
+            f"{backend} with images is not supported by replayrl yet: generation with images runs through "
+            "transformers' generate(). Set use_vllm=False (and use_transformers_continuous_batching=False)."
+        )
+    for given, name in ((tools, "tools"), (environment_factory, "environment_factory"), (rollout_func, "rollout_func")):
+        if given:
+            raise ValueError(f"{name} with an image dataset is not supported by replayrl yet: drop {name}.")
+
+
+def named_datasets(dataset) -> list[tuple[str, Any]]:
+    """[(name, dataset)] of an eval dataset (a dict of them, one, or none)."""
+    return [] if dataset is None else _named(dataset)
+
+
 def _named(dataset) -> list[tuple[str, Any]]:
     if isinstance(dataset, dict):
         return [(f"eval_dataset[{key!r}]", ds) for key, ds in dataset.items()]

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from replayrl import algos
 from replayrl.data.prompts import tokenize_prompts
+from replayrl.data.vision import VisionInputs, encode_prompts, prepare_multimodal_messages, row_images
 from replayrl.grpo.rollout import fit_width
 from replayrl.models.sharding import gathered_parameters, generation_context
 
@@ -33,23 +34,54 @@ class Generated:
     tool_mask: Tensor | None = None
     messages: list | None = None
     extra: dict = field(default_factory=dict)
+    vision: VisionInputs | None = None
 
 
-def generate_batch(trainer, texts: list[str], mode: str, add_special_tokens: bool = False) -> Generated:
-    """Tokenize the prompt texts (plain-text prompts with the tokenizer's special tokens, `tokenize_prompts`) and
-    sample one completion per row with the generation backend (+ tool calls)."""
-    device = trainer.accelerator.device
-    prompt_ids, prompt_mask = tokenize_prompts(
-        trainer.processing_class, texts, trainer.args.max_prompt_length, add_special_tokens
-    )
+def prompt_images(inputs: list[dict], prompts: list, group_size: int) -> tuple[list, list[list] | None]:
+    """The prompts with one image placeholder per image (TRL's `prepare_multimodal_messages`) and the images of
+    each group of ``group_size`` rows (loaded as PIL RGB), or the prompts unchanged and None when no row has
+    images. Every row of a group shares its prompt (the sampler repeats it), so images are loaded once per group."""
+    if not any(x.get("image") is not None or x.get("images") is not None for x in inputs):
+        return prompts, None
+    images = []
+    for g in range(len(inputs) // group_size):
+        group = row_images(inputs[g * group_size])
+        if group is None:
+            raise ValueError(
+                "some rows of the batch have images and some have none; replayrl trains a VLM on rows that all carry "
+                "an 'image' (or non-empty 'images') column: split the dataset, or give every row its image."
+            )
+        images.append(group)
+    prompts = [prepare_multimodal_messages(p, len(images[i // group_size])) for i, p in enumerate(prompts)]
+    return prompts, images
+
+
+def generate_batch(
+    trainer, texts: list[str], mode: str, add_special_tokens: bool = False, images: list[list] | None = None
+) -> Generated:
+    """Tokenize the prompt texts (plain-text prompts with the tokenizer's special tokens, `tokenize_prompts`; with
+    `images`, one list per group, the processor once per group, `encode_prompts`) and sample one completion per row
+    with the generation backend (+ tool calls)."""
+    device, vision = trainer.accelerator.device, None
+    if images is None:
+        prompt_ids, prompt_mask = tokenize_prompts(
+            trainer.processing_class, texts, trainer.args.max_prompt_length, add_special_tokens
+        )
+    else:
+        prompt_ids, prompt_mask, vision = encode_prompts(
+            trainer.processing_class, texts, images, trainer._group_size(mode), trainer.args.max_prompt_length
+        )
+        vision = vision.to(device)
     prompt_ids, prompt_mask = trainer._pad_to_multiple(prompt_ids, prompt_mask, "left")
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     start = time.perf_counter()
     with generation_context(trainer) as policy:  # ZeRO-3: gathered once per batch (ds3_gather_for_generation)
         sync_generator(trainer, policy)
-        out = trainer.generator.generate(prompt_ids, prompt_mask)
+        model_inputs = {} if vision is None else vision.model_kwargs(prompt_mask)
+        out = trainer.generator.generate(prompt_ids, prompt_mask, **model_inputs)
         trainer._metrics[mode]["timing/generation"].append(time.perf_counter() - start)
         gen = Generated(prompt_ids, prompt_mask, out.completion_ids, out.completion_mask, out.truncated, out.logps)
+        gen.vision = vision
         return finish_generation(trainer, gen, mode)  # the tool loop generates too
 
 

@@ -12,9 +12,12 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 from torch import Tensor
 
+from replayrl.data.vision import VisionInputs
+
 _LEFT = {"pad": "left"}  # prompt-side per-token field
 _RIGHT = {"pad": "right"}  # completion-side per-token field
 _ROW = {"pad": None}  # one value per row
+_VISION = {"pad": "vision"}  # VisionInputs: rows index their prompt's stored images
 
 
 @dataclass
@@ -25,7 +28,8 @@ class Rollout:
     (NaN where not computed yet: on-policy rows take the current log-probs at their first loss pass,
     which are then exactly the behaviour log-probs). `policy_version` is the optimizer step at which the
     row was generated; `replayed` marks rows that came out of the replay buffer. `engine_logps` are the log-probs a
-    generation engine (vLLM) reported for the tokens it sampled (None with transformers `generate`).
+    generation engine (vLLM) reported for the tokens it sampled (None with transformers `generate`). `vision`: the
+    model's image inputs, stored once per prompt (`VisionInputs`; None for text-only rows).
     """
 
     prompt_ids: Tensor = field(metadata=_LEFT)  # (N, P) long
@@ -42,6 +46,7 @@ class Rollout:
     loss_weights: Tensor | None = field(default=None, metadata=_RIGHT)  # (N, C) float, see algos.token_weights
     engine_logps: Tensor | None = field(default=None, metadata=_RIGHT)  # (N, C) float, vLLM's sampled-token log-probs
     tool_mask: Tensor | None = field(default=None, metadata=_RIGHT)  # (N, C) long, 0 = tool-result token (no loss)
+    vision: VisionInputs | None = field(default=None, metadata=_VISION)  # images of the prompts (data/vision.py)
 
     @property
     def num_rows(self) -> int:
@@ -92,11 +97,25 @@ class Rollout:
     def with_(self, **changes) -> Rollout:
         return replace(self, **changes)
 
-    def state_dict(self) -> dict[str, Tensor | None]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    def model_inputs(self, completion_width: int | None = None) -> dict[str, Tensor]:
+        """The model's extra (vision) inputs for a forward over prompt + ``completion_width`` completion positions
+        (default: the completion width); empty for text-only rows."""
+        if self.vision is None:
+            return {}
+        width = self.completion_ids.shape[1] if completion_width is None else completion_width
+        return self.vision.model_kwargs(self.prompt_mask, width)
+
+    def state_dict(self) -> dict:
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.vision is not None:
+            state["vision"] = self.vision.state_dict()
+        return state
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, Tensor | None]) -> Rollout:
+    def from_state_dict(cls, state: dict) -> Rollout:
+        state = dict(state)
+        if state.get("vision") is not None:
+            state["vision"] = VisionInputs.from_state_dict(state["vision"])
         return cls(**state)
 
     @classmethod
@@ -111,6 +130,11 @@ class Rollout:
                 out[f.name] = None
                 continue
             side = f.metadata["pad"]
+            if side == "vision":
+                if any(v is None for v in values):
+                    raise ValueError("cannot concatenate rows with images and rows without (text-only) in one batch")
+                out[f.name] = VisionInputs.concat(values)
+                continue
             if side is None:
                 out[f.name] = torch.cat(values)
                 continue

@@ -30,13 +30,14 @@ from replayrl import algos
 from replayrl.accumulation import OwnLossScalingMixin
 from replayrl.checkpoints import SafeCheckpointsMixin
 from replayrl.data.prompts import is_conversational
+from replayrl.data.vision import has_images, image_token_ids, text_tokenizer
 from replayrl.generation import build_backend
 from replayrl.generation.hf import build_generation_config
 from replayrl.grpo import options
-from replayrl.grpo.checks import check_datasets, check_eval_batch
+from replayrl.grpo.checks import check_datasets, check_eval_batch, check_images, named_datasets
 from replayrl.grpo.config import GRPOConfig
 from replayrl.grpo.environments import EnvironmentMixin, build_environments, environment_dataset, environment_rewards
-from replayrl.grpo.generation import engine_correction, generate_batch
+from replayrl.grpo.generation import engine_correction, generate_batch, prompt_images
 from replayrl.grpo.objective import EntropyController, Inputs, grpo_objective
 from replayrl.grpo.reporting import GRPOMetricsMixin
 from replayrl.grpo.rollout import Rollout, known_or
@@ -124,6 +125,8 @@ class GRPOTrainer(
         self.reward_funcs = RewardFunctions(reward_funcs, reward_processing_classes, weights, reward_kwargs)
         train_dataset = environment_dataset(self._env, train_dataset, args, self._train_dataset_optional)
         check_datasets(args, train_dataset, eval_dataset, self.reward_funcs, self._env is None, rollout_func is None)
+        if has_images(train_dataset) or any(has_images(d) for _, d in named_datasets(eval_dataset)):
+            check_images(args, processing_class, tools, environment_factory, rollout_func)  # before any engine starts
         self.tools, self._tools = list(tools or []), tools_by_name(tools)  # functions the model may call
         if self._env is not None:  # TRL: every environment's methods are tools too
             self.tools = self._env.all_tools
@@ -164,7 +167,9 @@ class GRPOTrainer(
         self.entropy_control = EntropyController.from_args(args)
         self._entropy_denominator: dict[str, float] = {}
         self.generate_every = args.steps_per_generation * args.num_iterations
-        self.generation_config = build_generation_config(args, processing_class)
+        self.generation_config = build_generation_config(args, text_tokenizer(processing_class))
+        if image_token_ids(model.config):  # a VLM: completions must not contain image placeholders
+            self.generation_config.suppress_tokens = image_token_ids(model.config)
         if args.generation_kwargs:  # TRL: they override the other generation options
             self.generation_config.update(**args.generation_kwargs)
         self.generator = build_backend(
@@ -274,12 +279,14 @@ class GRPOTrainer(
     def _generate_and_score(self, inputs: list[dict], mode: str) -> Rollout:
         device = self.accelerator.device
         prompts, columns = self._rollout_prompts(inputs)  # environments: reset, observations appended
+        prompts, images = prompt_images(inputs, prompts, self._group_size(mode))  # images: data/vision.py
         texts = self._prompt_texts(prompts)
         if self.rollout_func is not None:  # the user's rollout replaces generation (grpo/rollout_func.py)
             gen = run_rollout_func(self, prompts, mode)
             columns.update(gen.extra)
         else:
-            gen = generate_batch(self, texts, mode, add_special_tokens=not is_conversational(prompts[0]))
+            special = not is_conversational(prompts[0])
+            gen = generate_batch(self, texts, mode, add_special_tokens=special, images=images)
         prompt_ids, prompt_mask, truncated = gen.prompt_ids, gen.prompt_mask, gen.truncated
         completion_ids, completion_mask, messages = gen.completion_ids, gen.completion_mask, gen.messages
 
@@ -309,6 +316,7 @@ class GRPOTrainer(
             truncated=truncated,
             tool_mask=gen.tool_mask,
             engine_logps=gen.engine_logps,
+            vision=gen.vision,
         )
         return self._add_logps(rollout, mode)
 
@@ -395,7 +403,9 @@ class GRPOTrainer(
         input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
         attention_mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
         width = rollout.completion_ids.shape[1]
-        return self._forward_token_stats(model, input_ids, attention_mask, width, with_entropy, entropy_grad)
+        vision = getattr(rollout, "vision", None)  # a VLM's image inputs (any record with the token fields works)
+        extra = {} if vision is None else vision.model_kwargs(rollout.prompt_mask, width)
+        return self._forward_token_stats(model, input_ids, attention_mask, width, with_entropy, entropy_grad, **extra)
 
     # ----------------------------------------------------------------------------------------- loss
     def compute_loss(self, model, inputs: Rollout, return_outputs=False, num_items_in_batch=None):

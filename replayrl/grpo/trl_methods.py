@@ -51,11 +51,14 @@ class TRLMethodsMixin:
             threshold = self.args.off_policy_mask_threshold
             x.off_policy_keep = self.get_off_policy_mask(advantages, x.logps, x.behaviour, mask.float(), threshold)
 
-    def _forward_token_stats(self, model, input_ids, attention_mask, width: int, with_entropy, entropy_grad):
+    def _forward_token_stats(
+        self, model, input_ids, attention_mask, width: int, with_entropy, entropy_grad, **model_inputs
+    ):
         """One forward pass: log-probs ``(N, width)`` of the last ``width`` tokens of ``input_ids`` at the sampling
         temperature, their entropies (or None) and the MoE router aux loss (or None). Only those positions go
-        through the LM head, chunk by chunk (`replayrl.models.lm_head`): no full-vocabulary logits are formed."""
-        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=width + 1)
+        through the LM head, chunk by chunk (`replayrl.models.lm_head`): no full-vocabulary logits are formed.
+        `model_inputs`: a VLM's image inputs (``pixel_values``, ``image_grid_thw``, ...)."""
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=width + 1, **model_inputs)
         if self.aux_loss_enabled:  # TRL: ask for the router logits (and so the aux loss) whatever the config says
             inputs["output_router_logits"] = True
         out, head = forward_to_head(model, **inputs)
@@ -72,11 +75,14 @@ class TRLMethodsMixin:
     def _get_per_token_logps_and_entropies(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, **kwargs
     ):
-        """TRL's signature (text models; `batch_size` chunking is the LM head's own): (log-probs, entropies or
-        None, aux loss or None). Entropies carry a gradient only while the entropy bonus is on, as in TRL."""
+        """TRL's signature (`batch_size` chunking is the LM head's own; a VLM's image inputs as keywords, e.g.
+        ``pixel_values``, ``image_grid_thw``): (log-probs, entropies or None, aux loss or None). Entropies carry a
+        gradient only while the entropy bonus is on, as in TRL."""
+        model_inputs = {k: v for k, v in kwargs.items() if v is not None and k != "num_images"}
         return self._forward_token_stats(
-            model, input_ids, attention_mask, logits_to_keep, compute_entropy, self._entropy_bonus_enabled
-        )
+            model, input_ids, attention_mask, logits_to_keep, compute_entropy, self._entropy_bonus_enabled,
+            **model_inputs,
+        )  # fmt: skip
 
     @property
     def _entropy_bonus_enabled(self) -> bool:

@@ -36,6 +36,10 @@ FUSED_HEAD_MODEL_TYPES = frozenset(
         "gpt_neox",
         "starcoder2",
         "deepseek_v3",
+        # vision-language models whose logits are their lm_head's of the language model's last hidden states
+        "qwen2_vl",
+        "qwen2_5_vl",
+        "llava",
     }
 )
 

@@ -93,12 +93,28 @@ def load_model(
     if architecture == "reward":
         kwargs["num_labels"] = 1
     try:
-        return ARCHITECTURES[architecture].from_pretrained(model, **kwargs)
+        cls = ARCHITECTURES[architecture]
+        if architecture == "causal_lm" and is_vision_language(model, trust_remote_code=trust_remote_code):
+            from transformers import AutoModelForImageTextToText as cls  # as TRL 1.16: a VLM's own class
+        return cls.from_pretrained(model, **kwargs)
     except (OSError, ValueError) as err:
         raise ValueError(
             f"Could not load {role} {model!r} ({err}). Pass a local directory written by `save_pretrained` (or a "
             "Hub name) or a model object."
         ) from err
+
+
+def is_vision_language(model: str | PreTrainedModel, **remote: Any) -> bool:
+    """Whether a model (object, or name/path: its config is read) is an image-text-to-text model (a VLM). A config
+    that cannot be read says no: loading the model itself then reports why."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    try:
+        config = model.config if not isinstance(model, str) else AutoConfig.from_pretrained(model, **remote)
+    except (OSError, ValueError):
+        return False
+    return getattr(config, "model_type", None) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 
 def load_tokenizer(
@@ -119,7 +135,11 @@ def load_tokenizer(
                 "processing_class=<its tokenizer>."
             )
         try:
-            processing_class = AutoTokenizer.from_pretrained(name, **tokenizer_kwargs)
+            auto = AutoTokenizer
+            remote = {k: v for k, v in tokenizer_kwargs.items() if k == "trust_remote_code"}
+            if is_vision_language(model, **remote):  # as TRL 1.16: a VLM's processor (images + text)
+                from transformers import AutoProcessor as auto
+            processing_class = auto.from_pretrained(name, **tokenizer_kwargs)
         except (OSError, ValueError) as err:
             raise ValueError(
                 f"Could not load the tokenizer of {name!r} ({err}). Pass processing_class=<its tokenizer>, or a "

@@ -19,6 +19,7 @@ from accelerate.utils import gather_object
 from torch import Tensor
 
 from replayrl import algos
+from replayrl.data.vision import has_images
 from replayrl.grpo.rollout import Rollout
 from replayrl.grpo.trainer import GRPOTrainer
 from replayrl.replay.buffer import ReplayBuffer, group_score
@@ -60,6 +61,12 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
         if size > 0 and getattr(cfg, "replay_strategy", "group") != "group":
             max_age, max_reuse = getattr(cfg, "replay_max_age", None), getattr(cfg, "replay_max_reuse", None)
             self.success_store = SuccessStore(STORE_PROMPTS, max_age, max_reuse)
+            if has_images(self.train_dataset):  # a success is keyed by its prompt's tokens, blind to the image
+                raise ValueError(
+                    f"replay_strategy={cfg.replay_strategy!r} with an image dataset is not supported: stored "
+                    "successes are matched by prompt tokens, which are the same for different images. Use "
+                    "replay_strategy='group'."
+                )
         self._replayed_uids: set[int] = set()  # for replay/distinct_frac (since the start of training)
         self._replays = 0
 

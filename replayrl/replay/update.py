@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from replayrl.data.vision import text_tokenizer
 from replayrl.replay.group_swap import LOGP_FIELDS, VISION_FIELDS, group_item, per_group_std, swap_groups, trim_group
 
 
@@ -75,7 +76,7 @@ class TRLReplayMethodsMixin:
             prompt_ids, prompt_mask, completion_ids, completion_mask, advantages, forward_kwargs,
             old_per_token_logps, ref_per_token_logps,
         )  # fmt: skip
-        out = swap_groups(batch, to_replace[:n], items, G, self.processing_class.pad_token_id)
+        out = swap_groups(batch, to_replace[:n], items, G, text_tokenizer(self.processing_class).pad_token_id)
         out = {k: v for k, v in out.items() if v is not None}
         out["num_items_in_batch"] = num_items_in_batch
         if importance_sampling_ratio is not None:

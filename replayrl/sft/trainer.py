@@ -38,6 +38,7 @@ from replayrl.data.sft import (
     resolve_eos_token_id,
 )
 from replayrl.data.streaming import first_row, is_streaming, prepare_streaming_training
+from replayrl.data.vision import text_tokenizer
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.lm_head import forward_to_head
 from replayrl.models.loading import (
@@ -51,6 +52,7 @@ from replayrl.models.loading import (
 from replayrl.models.moe import RouterAuxLossMixin
 from replayrl.models.prompt_learning import refuse_with_4d_layouts, virtual_positions
 from replayrl.sft.config import SFTConfig
+from replayrl.sft.vision import VISION_SFT_COLUMNS, check_vision_sft, is_vision_sft, vision_collator
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +111,9 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         self._check_padding_free(args, data_collator)
         self._check_loss_func(args, compute_loss_func)
         processing_class = self._resolve_tokenizer(processing_class, tokenizer, model, args)
+        self._vision = is_vision_sft(train_dataset, eval_dataset)  # images: raw rows, collated by the processor
+        if self._vision:
+            check_vision_sft(args, processing_class, formatting_func)
         set_seed(args.seed)  # as TRL: a model or PEFT adapter built here is reproducible by the seed
         model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
         if args.eos_token is not None:
@@ -122,10 +127,12 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         # a prompt-learning adapter's last virtual token predicts the first real token: its label is trained too
         self._first_label = 0 if virtual_positions(model) else 1
         self._init_router_aux(model, args.router_aux_loss_coef)
-        self._eos_token_id = resolve_eos_token_id(processing_class, args.eos_token)
+        self._eos_token_id = resolve_eos_token_id(text_tokenizer(processing_class), args.eos_token)
         self._formatting_func = formatting_func
         train_dataset = self._prepare(train_dataset, processing_class, args, formatting_func, args.packing)
         eval_dataset = self._prepare_eval(eval_dataset, processing_class, args, formatting_func)
+        if data_collator is None and self._vision:
+            data_collator = vision_collator(model, processing_class, args)
         if data_collator is None:
             data_collator = self._default_collator(model, processing_class, args)
         super().__init__(
@@ -181,10 +188,11 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
             processing_class = tokenizer
         remote = {"trust_remote_code": True} if args.trust_remote_code else {}
         processing_class = load_tokenizer(processing_class, model, pad_with_eos=False, **remote)
+        text = text_tokenizer(processing_class)  # a VLM's processor: its tokenizer
         if args.pad_token is not None:
-            set_special_token(processing_class, "pad_token", args.pad_token)
-        if processing_class.pad_token is None:
-            processing_class.pad_token = processing_class.eos_token
+            set_special_token(text, "pad_token", args.pad_token)
+        if text.pad_token is None:
+            text.pad_token = text.eos_token
         return processing_class
 
     @staticmethod
@@ -246,7 +254,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
 
     def _prepare(self, dataset, tokenizer, args: SFTConfig, formatting_func, packing: bool):
         """Format check, tokenisation, truncation and packing of one dataset (None passes through)."""
-        if dataset is None or (args.dataset_kwargs or {}).get("skip_prepare_dataset"):
+        if dataset is None or (args.dataset_kwargs or {}).get("skip_prepare_dataset") or self._vision:
             return dataset
         check_no_transform(dataset)
         streaming = is_streaming(dataset)
@@ -314,6 +322,8 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         )
 
     def _set_signature_columns_if_needed(self):
+        if self._signature_columns is None and self._vision:
+            self._signature_columns = VISION_SFT_COLUMNS
         if self._signature_columns is None:
             self._signature_columns = ["input_ids", "labels", "completion_mask", "assistant_masks", "seq_lengths"]
 

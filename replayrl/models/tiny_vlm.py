@@ -1,0 +1,207 @@
+"""Offline tiny vision-language stand-ins (random weights) with a locally made processor, for tests, examples and the
+built-in VLM job: Qwen2-VL, Qwen2.5-VL, LLaVA and Gemma 3, each the real transformers class built from a config.
+
+The tokenizer is `replayrl.models.tiny`'s character-level one plus the family's image special tokens, with a chat
+template that renders TRL's multimodal messages (``{"type": "image"}`` / ``{"type": "text", ...}`` parts) the way
+the family's own template does. The processors use the PIL image processors (no torchvision: see
+docs/vlm.md) and leave out the video part. Images are small: 56x56 for the Qwen families (4 image tokens),
+28x28 for LLaVA and Gemma 3 (4 image tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from replayrl.models.tiny import build_tokenizer
+
+Family = Literal["qwen2_vl", "qwen2_5_vl", "llava", "gemma3"]
+FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "llava", "gemma3")
+
+# What one {"type": "image"} part renders to in each family's chat template (the processor expands it).
+_IMAGE_MARKUP = {
+    "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "llava": "<image>",
+    "gemma3": "<start_of_image>",
+}
+_IMAGE_TOKENS = {
+    "qwen2_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"],
+    "qwen2_5_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"],
+    "llava": ["<image>"],
+    "gemma3": ["<start_of_image>", "<image_soft_token>", "<end_of_image>"],
+}
+IMAGE_SIZE = {"qwen2_vl": 56, "qwen2_5_vl": 56, "llava": 28, "gemma3": 28}
+
+
+def _chat_template(image_markup: str) -> str:
+    """ChatML over string or multimodal-list contents (the tiny tokenizer's template, extended)."""
+    return (
+        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+        "{% for part in message['content'] %}"
+        f"{{% if part['type'] == 'image' %}}{{{{ '{image_markup}' }}}}"
+        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+        "{{ '<|im_end|>' + '\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+
+
+def build_vlm_tokenizer(family: Family) -> PreTrainedTokenizerFast:
+    """The tiny character tokenizer with `family`'s image tokens added as special tokens and a multimodal template."""
+    _check_family(family)
+    tokenizer = build_tokenizer()
+    tokenizer.add_tokens(_IMAGE_TOKENS[family], special_tokens=True)
+    tokenizer.chat_template = _chat_template(_IMAGE_MARKUP[family])
+    if family == "gemma3":  # Gemma3Processor reads these named tokens (saved and reloaded with the tokenizer)
+        named = dict(zip(("boi_token", "image_token", "eoi_token"), _IMAGE_TOKENS["gemma3"]))
+        tokenizer._set_model_specific_special_tokens(special_tokens=named)  # what `extra_special_tokens={...}` does
+    return tokenizer
+
+
+def build_tiny_processor(family: Family):
+    """The family's transformers processor over the tiny tokenizer and a PIL image processor sized for the stand-in."""
+    tokenizer = build_vlm_tokenizer(family)
+    template = tokenizer.chat_template
+    size = IMAGE_SIZE[family]
+    if family in ("qwen2_vl", "qwen2_5_vl"):
+        from transformers import Qwen2VLImageProcessorPil
+
+        image_processor = Qwen2VLImageProcessorPil(
+            size={"shortest_edge": size * size, "longest_edge": size * size}, patch_size=14, merge_size=2
+        )
+        if family == "qwen2_vl":
+            from transformers import Qwen2VLProcessor as cls
+        else:
+            from transformers import Qwen2_5_VLProcessor as cls
+        return _without_video(cls)(image_processor=image_processor, tokenizer=tokenizer, chat_template=template)
+    if family == "llava":
+        from transformers import LlavaImageProcessorPil, LlavaProcessor
+
+        image_processor = LlavaImageProcessorPil(
+            size={"shortest_edge": size}, crop_size={"height": size, "width": size}
+        )
+        return LlavaProcessor(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            patch_size=14,
+            vision_feature_select_strategy="default",
+            num_additional_image_tokens=1,  # CLIP's CLS, dropped by the "default" strategy
+            chat_template=template,
+        )
+    from transformers import Gemma3ImageProcessorPil, Gemma3Processor
+
+    image_processor = Gemma3ImageProcessorPil(size={"height": size, "width": size})
+    return Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer, chat_template=template,
+                           image_seq_length=4)  # fmt: skip
+
+
+def _without_video(cls):
+    """`cls` (a Qwen-VL processor) with no video processor: transformers' video processors need torchvision, which
+    has no CPU build for this torch (docs/vlm.md); images need only the image processor and the tokenizer."""
+
+    class ImageOnly(cls):
+        video_processor = None
+
+        @classmethod
+        def get_attributes(cls):
+            return ["image_processor", "tokenizer"]
+
+    ImageOnly.__name__ = ImageOnly.__qualname__ = cls.__name__
+    return ImageOnly
+
+
+def _text_kwargs(tokenizer, hidden_size: int, num_layers: int) -> dict:
+    return dict(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+
+
+def _config(family: Family, tokenizer, hidden_size: int, num_layers: int):
+    text = _text_kwargs(tokenizer, hidden_size, num_layers)
+    ids = tokenizer.convert_tokens_to_ids
+    if family == "qwen2_vl":
+        from transformers import Qwen2VLConfig
+
+        vision = dict(depth=1, embed_dim=32, hidden_size=hidden_size, num_heads=2, mlp_ratio=2)
+        return Qwen2VLConfig(
+            text_config={**text, "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}},
+            vision_config=vision,
+            image_token_id=ids("<|image_pad|>"),
+            video_token_id=ids("<|video_pad|>"),
+            vision_start_token_id=ids("<|vision_start|>"),
+            vision_end_token_id=ids("<|vision_end|>"),
+            tie_word_embeddings=True,
+        )
+    if family == "qwen2_5_vl":
+        from transformers import Qwen2_5_VLConfig
+
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden_size,
+                      window_size=56, fullatt_block_indexes=[0])  # fmt: skip
+        return Qwen2_5_VLConfig(
+            text_config={**text, "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}},
+            vision_config=vision,
+            image_token_id=ids("<|image_pad|>"),
+            video_token_id=ids("<|video_pad|>"),
+            vision_start_token_id=ids("<|vision_start|>"),
+            vision_end_token_id=ids("<|vision_end|>"),
+            tie_word_embeddings=True,
+        )
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                  image_size=IMAGE_SIZE[family], patch_size=14)  # fmt: skip
+    if family == "llava":
+        from transformers import LlavaConfig
+
+        return LlavaConfig(
+            vision_config={"model_type": "clip_vision_model", **vision},
+            text_config={"model_type": "llama", **text},
+            image_token_id=ids("<image>"),
+            vision_feature_select_strategy="default",
+            vision_feature_layer=-1,
+            tie_word_embeddings=True,
+        )
+    from transformers import Gemma3Config
+
+    text = {**text, "head_dim": 16, "sliding_window": 64, "query_pre_attn_scalar": 16}
+    return Gemma3Config(
+        text_config=text,
+        vision_config={"model_type": "siglip_vision_model", **vision},
+        mm_tokens_per_image=4,
+        boi_token_index=ids("<start_of_image>"),
+        eoi_token_index=ids("<end_of_image>"),
+        image_token_index=ids("<image_soft_token>"),
+        tie_word_embeddings=True,
+    )
+
+
+def build_tiny_vlm(family: Family, seed: int = 0, hidden_size: int = 64, num_layers: int = 2,
+                   dtype: torch.dtype = torch.float32):  # fmt: skip
+    """A randomly initialised `<Family>ForConditionalGeneration` matching `build_tiny_processor(family)`; the same
+    seed gives the same weights."""
+    from transformers import AutoModelForImageTextToText
+
+    tokenizer = build_vlm_tokenizer(family)
+    config = _config(family, tokenizer, hidden_size, num_layers)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForImageTextToText.from_config(config)
+    model = model.to(dtype)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def _check_family(family: str) -> None:
+    if family not in FAMILIES:
+        raise ValueError(f"family={family!r} is not a tiny VLM stand-in: use one of {FAMILIES}.")
