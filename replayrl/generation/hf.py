@@ -68,11 +68,17 @@ def sampling_mode(model):
 
 @torch.no_grad()
 def generate_completions(
-    model, prompt_ids: Tensor, prompt_mask: Tensor, generation_config: GenerationConfig
+    model, prompt_ids: Tensor, prompt_mask: Tensor, generation_config: GenerationConfig, logits_processor=None
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Sample one completion per row. Returns completion ids (N, C), mask (N, C) and truncated (N,)."""
+    """Sample one completion per row. Returns completion ids (N, C), mask (N, C) and truncated (N,).
+    `logits_processor`: extra processors for `generate` (the async worker records its log-probs with one)."""
     with sampling_mode(model):
-        out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config)
+        out = model.generate(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            generation_config=generation_config,
+            logits_processor=logits_processor,
+        )
     completion_ids = out[:, prompt_ids.shape[1] :]
     mask, truncated = completion_mask_from_eos(completion_ids, generation_config.eos_token_id)
     completion_ids = completion_ids.masked_fill(mask == 0, generation_config.pad_token_id)

@@ -21,7 +21,8 @@ class Generated:
     """A generated batch before scoring. Shapes: (N, P) left-padded prompts, (N, C) right-padded completions.
     `engine_logps`: the sampler's log-probs of its tokens (vLLM, or a rollout_func's `logprobs`); `tool_mask`: 0 on
     tokens the model did not generate (tool results, or a rollout_func's `env_mask`); `messages`: the multi-turn
-    completions of the tool loop; `extra`: a rollout_func's extra fields, for the reward functions."""
+    completions of the tool loop; `extra`: a rollout_func's extra fields, for the reward functions; `policy_version`:
+    set by the asynchronous worker (grpo/async_rollouts.py)."""
 
     prompt_ids: Tensor
     prompt_mask: Tensor
@@ -32,6 +33,7 @@ class Generated:
     tool_mask: Tensor | None = None
     messages: list | None = None
     extra: dict = field(default_factory=dict)
+    policy_version: int | None = None  # the optimizer step of the weights that sampled it (None: the current one)
 
 
 def generate_batch(trainer, texts: list[str], mode: str, add_special_tokens: bool = False) -> Generated:
