@@ -177,10 +177,7 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
     )
     # Asynchronous generation (docs/async.md); the names and defaults of TRL's AsyncGRPOConfig
     async_generation: bool = field(
-        default=False,
-        metadata=_help(
-            "Generate the next generation batches in a worker process while the trainer optimizes (docs/async.md)."
-        ),
+        default=False, metadata=_help("Generate ahead in a worker process while training (docs/async.md).")
     )
     max_staleness: int = field(
         default=4,

@@ -213,3 +213,35 @@ def test_tools_are_refused_at_construction(tokenizer, dataset, tmp_path):
             processing_class=tokenizer,
             tools=[add],
         )
+
+
+def test_two_processes_each_with_a_worker(tmp_path):
+    from pathlib import Path
+
+    from tests.conftest import launch_two_processes
+
+    result = launch_two_processes(Path(__file__).with_name("async_ddp_worker.py"), tmp_path / "ddp", 29537)
+    ranks = result["ranks"]
+    assert len(ranks) == 2 and all(r["children"] == 0 for r in ranks)
+    for rank in ranks:
+        assert [(step, set(versions)) for step, versions, _ in rank["trained"]] == [(0, {0}), (1, {0}), (2, {1})]
+    assert ranks[0]["trained"][0][2] != ranks[1]["trained"][0][2]  # each rank trains its own share of prompts
+    assert result["mismatches"] == 0
+
+
+def test_trls_async_grpo_import_path_trains_asynchronously(tokenizer, dataset, tmp_path):
+    from replayrl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    defaults = AsyncGRPOConfig(output_dir=str(tmp_path / "d"), use_cpu=True, report_to="none")
+    assert defaults.async_generation and (defaults.max_staleness, defaults.weight_sync_steps) == (4, 1)
+    assert (defaults.max_inflight_tasks, defaults.queue_maxsize, defaults.max_completion_length) == (-1, 1024, 2048)
+    args = tiny_args(AsyncGRPOConfig, tmp_path, max_steps=2, beta=0.0)
+    trainer = AsyncGRPOTrainer(
+        model=small_model(tokenizer),
+        reward_funcs=varied_reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    assert [h["async/staleness/max"] for h in trainer.state.log_history if "loss" in h] == [0.0, 1.0]
