@@ -167,14 +167,18 @@ class AsyncRollouts:
 
     # ------------------------------------------------------------------------------------------ prompts
     def _rows_of(self, k: int) -> list[dict]:
-        """Batch `k`'s dataset rows (this process's share)."""
+        """Batch `k`'s dataset rows (this process's share), with the columns the train dataloader keeps."""
         if k not in self.rows:
             if self._order is None:
-                self._order = generation_batches(self.trainer)
+                t = self.trainer
+                self._order = generation_batches(t)
+                self._dataset = t.train_dataset
+                if t.args.remove_unused_columns:
+                    self._dataset = t._remove_unused_columns(t.train_dataset, description="training")
             while self._order_pos <= k:
                 indices = next(self._order)
                 if self._order_pos >= k:
-                    self.rows[self._order_pos] = [self.trainer.train_dataset[i] for i in indices]
+                    self.rows[self._order_pos] = [self._dataset[i] for i in indices]
                 self._order_pos += 1
         return self.rows[k]
 

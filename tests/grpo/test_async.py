@@ -245,3 +245,28 @@ def test_trls_async_grpo_import_path_trains_asynchronously(tokenizer, dataset, t
     )
     trainer.train()
     assert [h["async/staleness/max"] for h in trainer.state.log_history if "loss" in h] == [0.0, 1.0]
+
+
+def test_lora_weights_reach_the_worker_merged(tokenizer, dataset, tmp_path):
+    """max_staleness=0: each read-ahead batch (one step old) is dropped and sampled again with the current weights,
+    so the worker's log-probs must equal the trainer's at every step: the LoRA update reaches it, merged. Also:
+    remove_unused_columns=True, whose dataloader rows the read-ahead must match."""
+    from peft import LoraConfig
+
+    args = tiny_args(
+        GRPOConfig, tmp_path, async_generation=True, beta=0.0, max_steps=3, max_staleness=0, remove_unused_columns=True
+    )
+    trainer = GRPOTrainer(
+        model=small_model(tokenizer),
+        reward_funcs=varied_reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_alpha=64),
+    )
+    record = Recorder().wrap(trainer)
+    trainer.train()
+    assert [(b["step"], set(b["versions"])) for b in record.batches] == [(0, {0}), (1, {1}), (2, {2})]
+    for b in record.batches:
+        torch.testing.assert_close(b["engine"][b["mask"]], b["current"][b["mask"]], atol=1e-4, rtol=0)
+    assert trainer._async.dropped_rows == 8 and trainer._async.mismatches == 0
