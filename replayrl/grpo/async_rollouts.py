@@ -1,8 +1,10 @@
 """Asynchronous generation for GRPO's family (`async_generation=True`, docs/async.md).
 
-A generation worker process (`replayrl.generation.async_worker`) samples the next generation batches while the
-trainer optimizes on the current one; the trainer scores each batch when it takes it (reward functions, advantages
-and the replay hook run where they run today) and trains on the same `Rollout` record as the synchronous trainer.
+A producer samples the next generation batches while the trainer optimizes on the current one: a transformers
+`generate()` worker process (`replayrl.generation.async_worker`), or with `use_vllm=True` a thread in front of the
+`replayrl vllm-serve` server (`replayrl.generation.async_server`). The trainer scores each batch when it takes it
+(reward functions, advantages and the replay hook run where they run today) and trains on the same `Rollout` record
+as the synchronous trainer.
 
 - Prompts: the worker is fed from the trainer's own prompt order (the same `RepeatSampler`, epochs and shards as
   the train dataloader), read ahead by `max_inflight_tasks` rows (whole generation batches, one by default). The
@@ -56,9 +58,14 @@ def validate_async_config(args) -> None:
             "process, taking turns with it); use the transformers worker (use_vllm=False).",
         ),
         (
-            not args.use_vllm,
-            "async_generation=True with use_vllm=True (server) is not implemented yet: the asynchronous producer is "
-            "a transformers generate() worker process; set use_vllm=False.",
+            not (args.use_vllm and args.world_size > 1),
+            "async_generation=True with the vLLM server runs with one training process for now; use the transformers "
+            "worker (use_vllm=False) with several processes.",
+        ),
+        (
+            not (args.use_vllm and args.eval_strategy != "no"),
+            "async_generation=True with the vLLM server does not evaluate during training yet (evaluation would sync "
+            "the server's weights while the producer generates); set eval_strategy='no'.",
         ),
         (
             not getattr(args, "use_transformers_continuous_batching", False),
@@ -153,8 +160,16 @@ class AsyncRollouts:
 
     # ------------------------------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        """The producer: a thread in front of the vLLM server (`use_vllm`, server mode; it gets the trainer's weights
+        first), else a transformers worker process with its own copy of them."""
         t = self.trainer
         policy = t.accelerator.unwrap_model(t.model)
+        if t.args.use_vllm:
+            from replayrl.generation.async_server import ServerProducer
+
+            self.worker = ServerProducer(t.generator, t.state.global_step)
+            self.worker.push_weights(policy, t.state.global_step)
+            return
         threads = max(1, torch.get_num_threads())
         self.worker = GenerationWorker(policy, t.generation_config, t.state.global_step, threads, t.accelerator.device)
 
