@@ -2,7 +2,7 @@
 reward against wall-clock, on the same backend (transformers generate), data and seeds.
 
     python benchmarks/async_grpo.py --mode timing                 # every setting, sync and async, seed 0
-    python benchmarks/async_grpo.py --mode learning --seeds 0 1 2 # wall-clock to the sync run's reward, per seed
+    python benchmarks/async_grpo.py --mode learning --seeds 0 1 2 --steps 60   # the built-in job, per seed
     python benchmarks/async_grpo.py --quick                       # smoke run
 
 Timing: each arm trains `steps` optimizer steps after `warmup` untimed ones; a step's time is the wall-clock between
@@ -13,9 +13,10 @@ asynchronous one splits them between the trainer and its worker process (`--thre
 synchronous run, one per side for the asynchronous one; on a machine shared with other jobs a second torch thread
 can make a step slower, not faster, so both are reported).
 
-Learning: the echo task of `replay_sparse.py` is not used here; the task is `replayrl.tasks.addition`'s prompts with
-the exact-sum reward, from the random-init tiny policy, sync and async from the same seed. "to R" = seconds until the
-moving average (5 steps) of the training reward reaches R (R = the synchronous run's final moving average x 0.9).
+Learning (`--mode learning`): `replayrl grpo`'s built-in job (the warmed-up tiny addition policy, exact-match
+reward, replay buffer; docs/grpo.md) synchronous and asynchronous from the same seed, one torch thread per process.
+"to R" = seconds until the moving average (5 steps) of the training reward reaches R = 0.9 x the synchronous run's
+final moving average; "at budget" = each arm's moving average after a fixed wall-clock.
 """
 
 from __future__ import annotations
@@ -38,15 +39,6 @@ SETTINGS = {
     "larger": dict(max_completion_length=32, hidden_size=256, num_layers=4, batch=16, num_generations=8),
 }
 WINDOW = 5
-
-
-def exact_sum(prompts, completions, **kwargs) -> list[float]:
-    """1.0 when the completion starts with the sum of the prompt's 'a+b=' (the addition task's reward)."""
-    out = []
-    for prompt, completion in zip(prompts, completions):
-        a, b = prompt.rstrip("=").split("+")
-        out.append(1.0 if completion.strip().startswith(str(int(a) + int(b))) else 0.0)
-    return out
 
 
 def char_reward(completions, **kwargs) -> list[float]:
@@ -167,25 +159,48 @@ def smooth(values: list[float]) -> list[float]:
     return [statistics.mean(values[max(0, i - WINDOW + 1) : i + 1]) for i in range(len(values))]
 
 
-def learning(setting: str, seeds: list[int], steps: int, threads: int, work: Path) -> dict:
+def builtin_job(arm: str, seed: int, steps: int, out: Path) -> dict:
+    """`replayrl grpo`'s built-in job (warmed-up tiny addition policy, exact-match reward, replay buffer) for `steps`
+    steps, without evaluation, logging every step; (wall-clock seconds, reward) per step."""
+    import torch
+
+    from replayrl.cli.grpo import build_trainer, parse_grpo_args
+
+    torch.set_num_threads(1)
+    argv = ["--seed", str(seed), "--max_steps", str(steps), "--logging_steps", "1", "--eval_strategy", "no"]
+    argv += ["--save_strategy", "no", "--output_dir", str(out), "--async_generation", str(arm == "async").lower()]
+    script, model_args, config = parse_grpo_args(argv)
+    clock = StepClock()
+    trainer = build_trainer(script, model_args, config)
+    trainer.add_callback(clock.callback)
+    start = time.perf_counter()
+    trainer.train()
+    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h and "loss" in h]
+    return dict(arm=arm, seed=seed, stamps=[t - start for t in clock.stamps], rewards=rewards)
+
+
+def learning(seeds: list[int], steps: int, budget: float, work: Path) -> dict:
+    """Per seed: R = 0.9 x the synchronous run's final moving-average reward; seconds each arm takes to reach R, and
+    each arm's moving-average reward after `budget` seconds (`budget` 0: the synchronous run's half-time)."""
     rows = []
     for seed in seeds:
-        runs = {
-            arm: run_arm(setting, arm, seed, steps, threads, exact_sum, work / f"learn-{seed}-{arm}")
-            for arm in ("sync", "async")
-        }
+        runs = {arm: builtin_job(arm, seed, steps, work / f"learn-{seed}-{arm}") for arm in ("sync", "async")}
         target = 0.9 * smooth(runs["sync"]["rewards"])[-1]
-        row = dict(seed=seed, target=round(target, 3))
+        cut = budget or runs["sync"]["stamps"][-1] / 2
+        row = dict(seed=seed, target=round(target, 3), budget_s=round(cut, 1))
         for arm, run in runs.items():
             curve = smooth(run["rewards"])
             hit = next((i for i, r in enumerate(curve) if r >= target), None)
             row[f"{arm}_to_target_s"] = None if hit is None else round(run["stamps"][hit], 1)
+            within = [r for r, t in zip(curve, run["stamps"]) if t <= cut]
+            row[f"{arm}_at_budget"] = round(within[-1], 3) if within else None
             row[f"{arm}_final"] = round(curve[-1], 3)
             row[f"{arm}_total_s"] = round(run["stamps"][-1], 1)
+            row[f"{arm}_first_step_s"] = round(run["stamps"][0], 1)  # async: includes starting the worker
         a, s = row["async_to_target_s"], row["sync_to_target_s"]
         row["async/sync_to_target"] = None if a is None or not s else round(a / s, 3)
         rows.append(row)
-    print_table(rows, list(rows[0]), f"wall-clock to 0.9 x the sync final reward ({setting}, {steps} steps)")
+    print_table(rows, list(rows[0]), f"built-in job, {steps} steps: wall-clock to 0.9 x the sync final reward")
     return dict(rows=rows)
 
 
@@ -193,7 +208,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=["timing", "learning"], default="timing")
     parser.add_argument("--settings", nargs="+", default=["short", "long"])
-    parser.add_argument("--setting", default="long", help="learning mode: the setting")
+    parser.add_argument("--budget", type=float, default=0.0, help="learning: seconds for 'reward after a budget'")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
@@ -205,11 +220,12 @@ def main() -> None:
     a = parser.parse_args()
     if a.quick:
         a.steps, a.warmup, a.settings, a.seeds = 4, 1, ["short"], [0]
+        a.steps = 6 if a.mode == "learning" else a.steps
     with tempfile.TemporaryDirectory() as tmp:
         if a.mode == "timing":
             payload = timing(a.settings, a.steps, a.warmup, a.threads, Path(tmp))
         else:
-            payload = learning(a.setting, a.seeds, a.steps, a.threads, Path(tmp))
+            payload = learning(a.seeds, a.steps, a.budget, Path(tmp))
     payload["args"] = vars(a)
     name = f"async_grpo_{a.mode}" + (f"_{a.tag}" if a.tag else "")
     print(json.dumps(payload)[:200], "->", write_results(name, payload, quick=a.quick))
