@@ -35,6 +35,10 @@ class Generated:
     extra: dict = field(default_factory=dict)
     policy_version: int | None = None  # the optimizer step of the weights that sampled it (None: the current one)
 
+    def version(self, current_step: int) -> int:
+        """The policy version of the rows: the asynchronous producer's, else the current optimizer step."""
+        return current_step if self.policy_version is None else self.policy_version
+
 
 def generate_batch(trainer, texts: list[str], mode: str, add_special_tokens: bool = False) -> Generated:
     """Tokenize the prompt texts (plain-text prompts with the tokenizer's special tokens, `tokenize_prompts`) and

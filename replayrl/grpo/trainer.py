@@ -61,11 +61,6 @@ def _identity_collator(features: list[dict]) -> list[dict]:
     return features
 
 
-def _policy_version(gen, state) -> int:
-    """The policy version of a generated batch: the worker's (asynchronous generation), else the current step."""
-    return state.global_step if gen.policy_version is None else gen.policy_version
-
-
 class GRPOTrainer(
     AsyncGenerationMixin,
     EnvironmentMixin,
@@ -311,7 +306,7 @@ class GRPOTrainer(
             completion_mask=completion_mask,
             rewards=rewards,
             advantages=advantages,
-            policy_version=torch.full((n,), _policy_version(gen, self.state), dtype=torch.long, device=device),
+            policy_version=torch.full((n,), gen.version(self.state.global_step), dtype=torch.long, device=device),
             replayed=torch.zeros(n, dtype=torch.bool, device=device),
             truncated=truncated,
             tool_mask=gen.tool_mask,
