@@ -131,6 +131,23 @@ def test_a_worker_error_reaches_train_with_its_message_and_nothing_is_left(token
     nothing_left(threads)
 
 
+def test_a_killed_worker_is_reported_with_its_exit_code(tokenizer, dataset, tmp_path):
+    import os
+    import signal
+
+    class Kill(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                os.kill(trainer._async.worker.pid, signal.SIGKILL)
+
+    trainer = make(GRPOTrainer, GRPOConfig, small_model(tokenizer), tokenizer, dataset, tmp_path, max_steps=4)
+    trainer.add_callback(Kill())
+    threads = {t.ident for t in threading.enumerate()}
+    with pytest.raises(GenerationWorkerError, match="exited with code -9"):
+        trainer.train()
+    nothing_left(threads)
+
+
 def test_ctrl_c_stops_the_worker(tokenizer, dataset, tmp_path):
     class Interrupt(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
