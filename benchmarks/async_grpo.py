@@ -4,6 +4,7 @@ reward against wall-clock, on the same backend (transformers generate), data and
     python benchmarks/async_grpo.py --mode timing                 # every setting, sync and async, seed 0
     python benchmarks/async_grpo.py --mode learning --seeds 0 1 2 --steps 60   # the built-in job, per seed
     python benchmarks/async_grpo.py --quick                       # smoke run
+    .venv-vllm/bin/python benchmarks/async_grpo.py --backend vllm # the same against a `replayrl vllm-serve` server
 
 Timing: each arm trains `steps` optimizer steps after `warmup` untimed ones; a step's time is the wall-clock between
 consecutive `on_step_end` callbacks. On the synchronous run, `generation` is the median `timing/generation` (the
@@ -60,7 +61,8 @@ class StepClock:
         self.callback = _Callback()
 
 
-def run_arm(setting: str, arm: str, seed: int, steps: int, threads: int, reward, out: Path) -> dict:
+def run_arm(setting: str, arm: str, seed: int, steps: int, threads: int, reward, out: Path, server=None) -> dict:
+    """One run; `server`: (model folder, port) of a `replayrl vllm-serve` server to generate with (`--backend vllm`)."""
     import torch
     from datasets import Dataset
 
@@ -73,6 +75,12 @@ def run_arm(setting: str, arm: str, seed: int, steps: int, threads: int, reward,
     tok = build_tokenizer()
     torch.manual_seed(seed)
     model = build_tiny_model(tok, hidden_size=s["hidden_size"], num_layers=s["num_layers"], num_heads=4, num_kv_heads=2)
+    vllm = {}
+    if server is not None:  # the server's model (vLLM's CPU attention needs head_dim 32)
+        model = server[0]
+        vllm = dict(
+            use_vllm=True, vllm_mode="server", vllm_server_port=server[1], vllm_importance_sampling_correction=True
+        )
     dataset = Dataset.from_list([{"prompt": f"{a}+{b}="} for a, b in problems()])
     args = GRPOConfig(
         output_dir=str(out),
@@ -93,6 +101,7 @@ def run_arm(setting: str, arm: str, seed: int, steps: int, threads: int, reward,
         seed=seed,
         disable_tqdm=True,
         async_generation=arm == "async",
+        **vllm,
     )
     clock = StepClock()
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset, processing_class=tok)
@@ -121,13 +130,39 @@ def step_times(run: dict, warmup: int) -> list[float]:
     return [b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1 :])]
 
 
-def timing(settings: list[str], steps: int, warmup: int, threads: int, work: Path) -> dict:
+def start_server(setting: str, work: Path):
+    """A `replayrl vllm-serve` server (this interpreter: run from .venv-vllm) on a tiny model of `setting`'s size."""
+    import os
+    import subprocess
+
+    from replayrl.generation.vllm_colocate import free_port
+    from replayrl.generation.vllm_server import wait_for_server
+    from replayrl.models.tiny import save_tiny
+
+    s = SETTINGS[setting]
+    folder = save_tiny(work / f"model-{setting}", hidden_size=s["hidden_size"], num_layers=s["num_layers"], num_heads=2)
+    port = free_port()
+    command = [sys.executable, "-m", "replayrl", "vllm-serve", "--model", folder, "--port", str(port)]
+    command += ["--max_model_len", "128", "--dtype", "float32"]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    wait_for_server(f"http://127.0.0.1:{port}", 900, process)
+    return process, (folder, port)
+
+
+def timing(settings: list[str], steps: int, warmup: int, threads: int, work: Path, backend: str) -> dict:
     rows = []
     for setting in settings:
-        runs = {
-            arm: run_arm(setting, arm, 0, steps + warmup, threads, char_reward, work / f"{setting}-{arm}")
-            for arm in ("sync", "async")
-        }
+        process, server = start_server(setting, work) if backend == "vllm" else (None, None)
+        try:
+            runs = {
+                arm: run_arm(setting, arm, 0, steps + warmup, n, char_reward, work / f"{setting}-{arm}", server)
+                for arm, n in (("sync", threads), ("async", max(1, threads // 2)))
+            }
+        finally:
+            if process is not None:
+                process.terminate()
+                process.wait(120)
         sync_step = statistics.median(step_times(runs["sync"], warmup))
         gen = statistics.median(runs["sync"]["generation"][warmup:])
         rest = sync_step - gen
@@ -137,6 +172,7 @@ def timing(settings: list[str], steps: int, warmup: int, threads: int, work: Pat
         rows.append(
             dict(
                 setting=setting,
+                backend=backend,
                 sync_step_s=round(sync_step, 4),
                 generation_s=round(gen, 4),
                 rest_s=round(rest, 4),
@@ -215,6 +251,9 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=2, help="torch threads of the sync run; the async run: half each side"
     )
+    parser.add_argument(
+        "--backend", choices=["transformers", "vllm"], default="transformers", help="vllm: run from .venv-vllm"
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--tag", default="")
     a = parser.parse_args()
@@ -223,7 +262,7 @@ def main() -> None:
         a.steps = 6 if a.mode == "learning" else a.steps
     with tempfile.TemporaryDirectory() as tmp:
         if a.mode == "timing":
-            payload = timing(a.settings, a.steps, a.warmup, a.threads, Path(tmp))
+            payload = timing(a.settings, a.steps, a.warmup, a.threads, Path(tmp), a.backend)
         else:
             payload = learning(a.seeds, a.steps, a.budget, Path(tmp))
     payload["args"] = vars(a)
