@@ -115,8 +115,11 @@ def build_grpo_parser(all_flags: bool = False):
     # current TRL's further GRPO options (docs/grpo.md) keep the concise help short: listed by --help_all
     model_flags = {f.name for f in fields(ModelConfig)}
     parity = [f.name for f in fields(TRLParityArguments) if f.name not in LOSS_FLAGS and f.name not in model_flags]
-    sections = _help_sections() + ([("current-TRL GRPO options (docs/grpo.md)", parity)] if all_flags else [])
-    arrange_help(parser, sections, (own - set(parity)) | {"overwrite_output_dir"}, all_flags)
+    # the asynchronous pipeline's tuning (docs/async.md): --async_generation is listed, its knobs by --help_all
+    tuning = ["max_staleness", "weight_sync_steps", "max_inflight_tasks", "queue_maxsize"]
+    extra = [("current-TRL GRPO options (docs/grpo.md)", parity), ("asynchronous generation", tuning)]
+    sections = _help_sections() + (extra if all_flags else [])
+    arrange_help(parser, sections, (own - set(parity) - set(tuning)) | {"overwrite_output_dir"}, all_flags)
     return parser
 
 

@@ -69,9 +69,15 @@ def sampling_mode(model):
 
 @torch.no_grad()
 def generate_completions(
-    model, prompt_ids: Tensor, prompt_mask: Tensor, generation_config: GenerationConfig, **model_inputs
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    generation_config: GenerationConfig,
+    logits_processor=None,
+    **model_inputs,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Sample one completion per row. Returns completion ids (N, C), mask (N, C) and truncated (N,).
+    `logits_processor`: extra processors for `generate` (the async worker records its log-probs with one);
     `model_inputs`: the model's extra inputs for the prompts (a VLM's ``pixel_values``, ...)."""
     with sampling_mode(model):
         out = model.generate(
@@ -79,6 +85,7 @@ def generate_completions(
             attention_mask=prompt_mask,
             generation_config=generation_config,
             synced_gpus=needs_synced_gpus(model) or None,  # sharded weights: every process joins every forward
+            logits_processor=logits_processor,
             **model_inputs,
         )
     completion_ids = out[:, prompt_ids.shape[1] :]

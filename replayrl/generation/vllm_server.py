@@ -173,11 +173,15 @@ class VLLMServerBackend:
         if not distributed or torch.distributed.get_rank() == 0:
             with tempfile.TemporaryDirectory(prefix="replayrl-sync-") as folder:
                 save_weights(model, folder)
-                payload = {"method": RELOAD_METHOD, "args": [folder]}
-                _request(f"{self.base_url}/collective_rpc", payload, timeout=self.request_timeout)
-            _request(f"{self.base_url}/reset_prefix_cache", {}, timeout=self.request_timeout)
+                self.reload_from(folder)
         if distributed:
             torch.distributed.barrier()
+
+    def reload_from(self, folder: str) -> None:
+        """Make the server's workers load `folder`/model.safetensors (`save_weights`); reset its prefix cache."""
+        payload = {"method": RELOAD_METHOD, "args": [folder]}
+        _request(f"{self.base_url}/collective_rpc", payload, timeout=self.request_timeout)
+        _request(f"{self.base_url}/reset_prefix_cache", {}, timeout=self.request_timeout)
 
     def close(self) -> None:
         pass

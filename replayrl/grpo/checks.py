@@ -100,6 +100,11 @@ def check_images(args, processing_class, tools, environment_factory, rollout_fun
             f"{backend} with images is not supported by replayrl yet: generation with images runs through "
             "transformers' generate(). Set use_vllm=False (and use_transformers_continuous_batching=False)."
         )
+    if getattr(args, "async_generation", False):
+        raise ValueError(
+            "async_generation=True with images is not supported by replayrl yet (the worker process samples text "
+            "prompts only); set async_generation=False."
+        )
     for given, name in ((tools, "tools"), (environment_factory, "environment_factory"), (rollout_func, "rollout_func")):
         if given:
             raise ValueError(f"{name} with an image dataset is not supported by replayrl yet: drop {name}.")

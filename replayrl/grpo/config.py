@@ -179,6 +179,28 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
             "train on with zero advantages (TRL), or 'raise' a ValueError (reward functions that match no sample)."
         ),
     )
+    # Asynchronous generation (docs/async.md); the names and defaults of TRL's AsyncGRPOConfig
+    async_generation: bool = field(
+        default=False, metadata=_help("Generate ahead in a worker process while training (docs/async.md).")
+    )
+    max_staleness: int = field(
+        default=4,
+        metadata=_help("With async_generation: rows sampled more than this many optimizer steps ago are dropped."),
+    )
+    weight_sync_steps: int = field(
+        default=1, metadata=_help("With async_generation: optimizer steps between weight syncs to the worker.")
+    )
+    max_inflight_tasks: int = field(
+        default=-1,
+        metadata=_help(
+            "With async_generation: rows generated ahead of the trainer, rounded down to whole generation batches "
+            "(at least one); -1: one generation batch."
+        ),
+    )
+    queue_maxsize: int = field(
+        default=1024,
+        metadata=_help("With async_generation: rows that may wait for the trainer; must hold one generation batch."),
+    )
     # Logging
     log_completions: bool = field(default=False, metadata=_help("Print a table of completions at each log step."))
     num_completions_to_print: int | None = field(
@@ -265,6 +287,10 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
                 raise ValueError(message)
         _warn_sequence_level_token_sum(self)
         validate_parity(self)
+        if self.async_generation:
+            from replayrl.grpo.async_rollouts import validate_async_config
+
+            validate_async_config(self)
         if self.use_vllm:
             _validate_vllm(self)
 

@@ -23,7 +23,8 @@ class Generated:
     """A generated batch before scoring. Shapes: (N, P) left-padded prompts, (N, C) right-padded completions.
     `engine_logps`: the sampler's log-probs of its tokens (vLLM, or a rollout_func's `logprobs`); `tool_mask`: 0 on
     tokens the model did not generate (tool results, or a rollout_func's `env_mask`); `messages`: the multi-turn
-    completions of the tool loop; `extra`: a rollout_func's extra fields, for the reward functions."""
+    completions of the tool loop; `extra`: a rollout_func's extra fields, for the reward functions; `policy_version`:
+    set by the asynchronous worker (grpo/async_rollouts.py)."""
 
     prompt_ids: Tensor
     prompt_mask: Tensor
@@ -35,6 +36,11 @@ class Generated:
     messages: list | None = None
     extra: dict = field(default_factory=dict)
     vision: VisionInputs | None = None
+    policy_version: int | None = None  # the optimizer step of the weights that sampled it (None: the current one)
+
+    def version(self, current_step: int) -> int:
+        """The policy version of the rows: the asynchronous producer's, else the current optimizer step."""
+        return current_step if self.policy_version is None else self.policy_version
 
 
 def prompt_images(inputs: list[dict], prompts: list, group_size: int) -> tuple[list, list[list] | None]:

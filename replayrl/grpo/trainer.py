@@ -34,6 +34,7 @@ from replayrl.data.vision import has_images, image_token_ids, text_tokenizer
 from replayrl.generation import build_backend
 from replayrl.generation.hf import build_generation_config
 from replayrl.grpo import options
+from replayrl.grpo.async_rollouts import WINDOW_MAX, AsyncGenerationMixin
 from replayrl.grpo.checks import check_datasets, check_eval_batch, check_images, named_datasets
 from replayrl.grpo.config import GRPOConfig
 from replayrl.grpo.environments import EnvironmentMixin, build_environments, environment_dataset, environment_rewards
@@ -64,6 +65,7 @@ def _identity_collator(features: list[dict]) -> list[dict]:
 
 
 class GRPOTrainer(
+    AsyncGenerationMixin,
     EnvironmentMixin,
     TRLMethodsMixin,
     ToolCallingMixin,
@@ -175,6 +177,7 @@ class GRPOTrainer(
         self.generator = build_backend(
             args, self.accelerator.unwrap_model(self.model), processing_class, self.generation_config
         )
+        self._setup_async_generation()  # async_generation: a worker samples ahead (grpo/async_rollouts.py)
         self._synced_step: int | None = None  # optimizer step whose weights the generator has
         self._step = 0  # micro-batches served so far (drives when to generate)
         self._micro_batches: list[Rollout] | None = None
@@ -284,6 +287,8 @@ class GRPOTrainer(
         if self.rollout_func is not None:  # the user's rollout replaces generation (grpo/rollout_func.py)
             gen = run_rollout_func(self, prompts, mode)
             columns.update(gen.extra)
+        elif mode == "train" and self._async is not None:
+            gen = self._async.take(inputs)
         else:
             special = not is_conversational(prompts[0])
             gen = generate_batch(self, texts, mode, add_special_tokens=special, images=images)
@@ -311,7 +316,7 @@ class GRPOTrainer(
             completion_mask=completion_mask,
             rewards=rewards,
             advantages=advantages,
-            policy_version=torch.full((n,), self.state.global_step, dtype=torch.long, device=device),
+            policy_version=torch.full((n,), gen.version(self.state.global_step), dtype=torch.long, device=device),
             replayed=torch.zeros(n, dtype=torch.bool, device=device),
             truncated=truncated,
             tool_mask=gen.tool_mask,
@@ -360,7 +365,9 @@ class GRPOTrainer(
             self.args.num_iterations == 1
             and self.args.gradient_accumulation_steps % self.args.steps_per_generation == 0
         )
-        if mode == "train" and not on_policy:
+        if mode == "train" and self._async is not None:  # sampled by the worker's (older) weights: its log-probs
+            changes["old_logps"] = rollout.engine_logps
+        elif mode == "train" and not on_policy:
             changes["old_logps"] = self._token_logps(self.model, rollout)[0]
         if changes:
             self._metrics[mode]["timing/logps"].append(time.perf_counter() - start)
@@ -472,7 +479,7 @@ class GRPOTrainer(
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "eval" if any(k.startswith("eval_") for k in logs) else "train"
-        metrics = {k: sum(v) / len(v) for k, v in self._metrics[mode].items() if v}
+        metrics = {k: max(v) if k in WINDOW_MAX else sum(v) / len(v) for k, v in self._metrics[mode].items() if v}
         if mode == "train" and "timing/optimization" in self._metrics["train"]:
             # per optimizer step, summed over its micro-batches
             steps = max(1, len(self._metrics["train"]["timing/optimization"]) // self.args.gradient_accumulation_steps)
@@ -495,6 +502,7 @@ class GRPOTrainer(
             state["micro_batches"] = [mb.to("cpu").state_dict() for mb in self._micro_batches]
         if self.args.sync_ref_model:
             state["ref_model"] = full_state_dict(self.accelerator.unwrap_model(self.ref_model))
+        state["async"] = None if self._async is None else self._async.state_dict()  # in-flight batches: saved
         return state
 
     def _load_extra_state(self, state: dict) -> None:
@@ -508,6 +516,8 @@ class GRPOTrainer(
             self._micro_batches = [Rollout.from_state_dict(s).to(device) for s in state["micro_batches"]]
         if state["ref_model"] is not None:
             load_full_state_dict(self.accelerator.unwrap_model(self.ref_model), state["ref_model"])
+        if state.get("async") is not None and self._async is not None:
+            self._async.load_state_dict(state["async"])
 
     def _checkpoint_settings(self) -> dict:
         return {**super()._checkpoint_settings(), "num_generations": self.num_generations}

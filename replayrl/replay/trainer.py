@@ -257,7 +257,10 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
         cap = getattr(self.args, "replay_importance_cap", None)
         if cap is None or self.replay_buffer is None:
             return old, None
-        replayed = batch.replayed.unsqueeze(1)
+        replayed = batch.replayed
+        if getattr(self.args, "async_generation", False):  # rows the worker sampled with older weights, too
+            replayed = replayed | (batch.policy_version < self.state.global_step)
+        replayed = replayed.unsqueeze(1)
         proximal = torch.where(replayed, current, old)
         if self.args.importance_sampling_level == "sequence":  # GSPO: one truncated weight per sequence
             log_w = algos.importance_log_weights(current, old, batch.loss_weights > 0, "sequence")
