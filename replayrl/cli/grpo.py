@@ -78,8 +78,7 @@ class ScriptArguments(DataArguments):
     vlm: bool = field(
         default=False,
         metadata=_help(
-            "Run the built-in vision-language job instead (replayrl/tasks/vlm_colours.py: a tiny Qwen2-VL learns to "
-            "read a shape's colour off an image); takes no model and no dataset."
+            "Run the built-in vision-language job instead (a tiny Qwen2-VL reads a shape's colour, docs/vlm.md)."
         ),
     )
 
@@ -117,9 +116,16 @@ def build_grpo_parser(all_flags: bool = False):
     parity = [f.name for f in fields(TRLParityArguments) if f.name not in LOSS_FLAGS and f.name not in model_flags]
     # the asynchronous pipeline's tuning (docs/async.md): --async_generation is listed, its knobs by --help_all
     tuning = ["max_staleness", "weight_sync_steps", "max_inflight_tasks", "queue_maxsize"]
-    extra = [("current-TRL GRPO options (docs/grpo.md)", parity), ("asynchronous generation", tuning)]
+    # DeepSpeed ZeRO-3's generation setting (docs/distributed.md): by --help_all too
+    sharded = ["ds3_gather_for_generation"]
+    extra = [
+        ("current-TRL GRPO options (docs/grpo.md)", parity),
+        ("asynchronous generation", tuning),
+        ("DeepSpeed ZeRO-3 (docs/distributed.md)", sharded),
+    ]
     sections = _help_sections() + (extra if all_flags else [])
-    arrange_help(parser, sections, (own - set(parity) - set(tuning)) | {"overwrite_output_dir"}, all_flags)
+    hidden = set(parity) | set(tuning) | set(sharded)
+    arrange_help(parser, sections, (own - hidden) | {"overwrite_output_dir"}, all_flags)
     return parser
 
 
