@@ -61,15 +61,21 @@ def build_vlm_tokenizer(family: Family) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
+def _pil_image_processor(prefix: str):
+    """transformers' PIL image processor of a family: `<prefix>ImageProcessorPil` (newer releases), else the
+    numpy/PIL `<prefix>ImageProcessor` of older ones (transformers 5.2, the floor); neither needs torchvision."""
+    import transformers
+
+    return getattr(transformers, f"{prefix}ImageProcessorPil", None) or getattr(transformers, f"{prefix}ImageProcessor")
+
+
 def build_tiny_processor(family: Family):
     """The family's transformers processor over the tiny tokenizer and a PIL image processor sized for the stand-in."""
     tokenizer = build_vlm_tokenizer(family)
     template = tokenizer.chat_template
     size = IMAGE_SIZE[family]
     if family in ("qwen2_vl", "qwen2_5_vl"):
-        from transformers import Qwen2VLImageProcessorPil
-
-        image_processor = Qwen2VLImageProcessorPil(
+        image_processor = _pil_image_processor("Qwen2VL")(
             size={"shortest_edge": size * size, "longest_edge": size * size}, patch_size=14, merge_size=2
         )
         if family == "qwen2_vl":
@@ -78,9 +84,9 @@ def build_tiny_processor(family: Family):
             from transformers import Qwen2_5_VLProcessor as cls
         return _without_video(cls)(image_processor=image_processor, tokenizer=tokenizer, chat_template=template)
     if family == "llava":
-        from transformers import LlavaImageProcessorPil, LlavaProcessor
+        from transformers import LlavaProcessor
 
-        image_processor = LlavaImageProcessorPil(
+        image_processor = _pil_image_processor("Llava")(
             size={"shortest_edge": size}, crop_size={"height": size, "width": size}
         )
         return LlavaProcessor(
@@ -91,9 +97,9 @@ def build_tiny_processor(family: Family):
             num_additional_image_tokens=1,  # CLIP's CLS, dropped by the "default" strategy
             chat_template=template,
         )
-    from transformers import Gemma3ImageProcessorPil, Gemma3Processor
+    from transformers import Gemma3Processor
 
-    image_processor = Gemma3ImageProcessorPil(size={"height": size, "width": size})
+    image_processor = _pil_image_processor("Gemma3")(size={"height": size, "width": size})
     return Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer, chat_template=template,
                            image_seq_length=4)  # fmt: skip
 
