@@ -27,6 +27,7 @@ def build_generation_config(args, tokenizer) -> GenerationConfig:
         min_p=args.min_p,
         repetition_penalty=args.repetition_penalty,
         cache_implementation=args.cache_implementation,
+        use_cache=True,  # whatever the model's config says: transformers' Trainer sets it to `args.use_cache` (False)
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos,
         eos_token_id=eos,
     )
