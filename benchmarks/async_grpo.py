@@ -206,8 +206,11 @@ def builtin_job(arm: str, seed: int, steps: int, out: Path) -> dict:
     argv = ["--seed", str(seed), "--max_steps", str(steps), "--logging_steps", "1", "--eval_strategy", "no"]
     argv += ["--save_strategy", "no", "--output_dir", str(out), "--async_generation", str(arm == "async").lower()]
     script, model_args, config = parse_grpo_args(argv)
+    return _timed_run(build_trainer(script, model_args, config), arm, seed)
+
+
+def _timed_run(trainer, arm: str, seed: int) -> dict:
     clock = StepClock()
-    trainer = build_trainer(script, model_args, config)
     trainer.add_callback(clock.callback)
     start = time.perf_counter()
     trainer.train()
@@ -215,15 +218,78 @@ def builtin_job(arm: str, seed: int, steps: int, out: Path) -> dict:
     return dict(arm=arm, seed=seed, stamps=[t - start for t in clock.stamps], rewards=rewards)
 
 
-def learning(seeds: list[int], steps: int, budget: float, work: Path) -> dict:
-    """Per seed: R = 0.9 x the synchronous run's final moving-average reward; seconds each arm takes to reach R, and
+VERBOSE = "{a} plus {b} is {s}, so {a}+{b}={s}"  # `long`: the built-in task's sum, in words around it
+
+
+def long_job(task: str, arm: str, seed: int, steps: int, out: Path) -> dict:
+    """Learning tasks whose completions are long enough for generation to be about half of the synchronous step.
+
+    - `long`: the built-in task (the same prompts, split, noisy teacher and exact-match 0/1 reward) with a longer
+      completion, "7 plus 5 is 12, so 7+5=12": the policy is warmed up on the teacher's answers in that format
+      (`VERBOSE`), and a completion earns 1.0 only when it is exactly the format with the true sum. Same GRPO
+      settings as the built-in job, `max_completion_length` 32.
+    - `sparse_long`: sparse, from a random-init policy: the first character of the completion must equal the
+      prompt's first character (`replay_sparse.py`'s `echo`), completions up to 16 tokens (a random policy rarely
+      stops early), learning rate 3e-3, no KL term, the replay trainer's defaults.
+    """
+    import torch
+    from datasets import Dataset
+
+    from replayrl import GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
+    from replayrl.models.tiny import build_tiny_model, build_tokenizer
+    from replayrl.rewards.builtin import exact_match
+    from replayrl.tasks import addition
+
+    torch.set_num_threads(1)
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, seed=seed, **addition.MODEL_KWARGS)
+    train, _ = addition.task_datasets(seed)
+    common = dict(output_dir=str(out), max_steps=steps, logging_steps=1, save_strategy="no", report_to="none")
+    common |= dict(seed=seed, disable_tqdm=True, async_generation=arm == "async", use_cpu=True)
+    if task == "long":
+
+        def verbose(prompt: str, answer: str) -> str:
+            a, b = prompt[:-1].split("+")
+            return VERBOSE.format(a=a, b=b, s=answer)
+
+        examples = [(p, verbose(p, c)) for p, c in addition.teacher_examples(seed)]
+        with torch.random.fork_rng(devices=[]):
+            addition.warm_up(model, tok, seed, examples=examples)
+        train = train.map(lambda row: {"answer": verbose(row["prompt"], row["answer"])})
+        settings = {k: v for k, v in addition.DEFAULT_CONFIG.items() if not k.startswith(("eval", "per_device_eval"))}
+        settings = settings | {"max_completion_length": 32, "logging_steps": 1, "save_steps": steps + 1}
+        reward = exact_match
+    else:
+        train = Dataset.from_dict({"prompt": train["prompt"]})
+        settings = dict(per_device_train_batch_size=128, num_generations=8, max_prompt_length=16)
+        settings |= dict(max_completion_length=16, learning_rate=3e-3, lr_scheduler_type="constant", beta=0.0)
+
+        def echo(prompts, completions, **kwargs) -> list[float]:
+            return [float(c[:1] == p[:1]) for p, c in zip(prompts, completions)]
+
+        reward = echo
+    args = GRPOWithReplayBufferConfig(**(settings | common))
+    trainer = GRPOWithReplayBufferTrainer(
+        model=model, reward_funcs=reward, args=args, train_dataset=train, processing_class=tok
+    )
+    return _timed_run(trainer, arm, seed)
+
+
+def learning(seeds: list[int], steps: int, budget: float, work: Path, task: str = "builtin") -> dict:
+    """On `task` (`builtin`, or `long_job`'s `long` / `sparse_long`), per seed: R = 0.9 x the synchronous run's
+    final moving-average reward; seconds each arm takes to reach R, and
     each arm's moving-average reward after `budget` seconds (`budget` 0: the synchronous run's half-time)."""
     rows = []
     for seed in seeds:
-        runs = {arm: builtin_job(arm, seed, steps, work / f"learn-{seed}-{arm}") for arm in ("sync", "async")}
+        runs = {}
+        for arm in ("sync", "async"):
+            out = work / f"learn-{task}-{seed}-{arm}"
+            runs[arm] = (
+                builtin_job(arm, seed, steps, out) if task == "builtin" else long_job(task, arm, seed, steps, out)
+            )
         target = 0.9 * smooth(runs["sync"]["rewards"])[-1]
         cut = budget or runs["sync"]["stamps"][-1] / 2
-        row = dict(seed=seed, target=round(target, 3), budget_s=round(cut, 1))
+        row = dict(task=task, seed=seed, target=round(target, 3), budget_s=round(cut, 1))
         for arm, run in runs.items():
             curve = smooth(run["rewards"])
             hit = next((i for i, r in enumerate(curve) if r >= target), None)
@@ -236,7 +302,7 @@ def learning(seeds: list[int], steps: int, budget: float, work: Path) -> dict:
         a, s = row["async_to_target_s"], row["sync_to_target_s"]
         row["async/sync_to_target"] = None if a is None or not s else round(a / s, 3)
         rows.append(row)
-    print_table(rows, list(rows[0]), f"built-in job, {steps} steps: wall-clock to 0.9 x the sync final reward")
+    print_table(rows, list(rows[0]), f"{task}, {steps} steps: wall-clock to 0.9 x the sync final reward")
     return dict(rows=rows)
 
 
@@ -244,6 +310,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=["timing", "learning"], default="timing")
     parser.add_argument("--settings", nargs="+", default=["short", "long"])
+    parser.add_argument("--task", choices=["builtin", "long", "sparse_long"], default="builtin", help="learning mode")
     parser.add_argument("--budget", type=float, default=0.0, help="learning: seconds for 'reward after a budget'")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--steps", type=int, default=20)
@@ -264,9 +331,13 @@ def main() -> None:
         if a.mode == "timing":
             payload = timing(a.settings, a.steps, a.warmup, a.threads, Path(tmp), a.backend)
         else:
-            payload = learning(a.seeds, a.steps, a.budget, Path(tmp))
+            payload = learning(a.seeds, a.steps, a.budget, Path(tmp), a.task)
     payload["args"] = vars(a)
-    name = f"async_grpo_{a.mode}" + (f"_{a.tag}" if a.tag else "")
+    name = (
+        f"async_grpo_{a.mode}"
+        + (f"_{a.task}" if a.mode == "learning" and a.task != "builtin" else "")
+        + (f"_{a.tag}" if a.tag else "")
+    )
     print(json.dumps(payload)[:200], "->", write_results(name, payload, quick=a.quick))
 
 

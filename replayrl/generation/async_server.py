@@ -48,6 +48,10 @@ class ServerProducer:
             replaced[0].cleanup()
         return time.perf_counter() - start
 
+    def claim_unstarted(self) -> list[WorkerResult]:
+        """Nothing to claim: the server is up before training starts."""
+        return []
+
     def submit(self, batch: int, prompt_ids, prompt_mask, seed: int) -> None:
         self._check_alive()
         self._requests.put((batch, prompt_ids.cpu(), prompt_mask.cpu()))

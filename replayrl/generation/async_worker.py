@@ -8,6 +8,12 @@ are whole generation batches (left-padded prompt ids and a seed); results carry 
 completions and the engine's log-probs of the sampled tokens at the sampling temperature (recorded step by step, one
 `(N, V)` row of logits at a time, so no `(N, C, V)` tensor is kept).
 
+While the worker starts (importing torch and transformers takes seconds), the trainer need not wait:
+`claim_unstarted()` takes back the requests the worker has not begun and generates them in the trainer's process, on
+a copy of the shared weights as the worker would have loaded them, with the same seed and the same code, so a batch
+is the same whoever sampled it and a run does not depend on how fast the worker started. The copy is dropped once
+the worker is up.
+
 The worker ends with `close()`, when its parent dies (it polls), or on an exception, whose message and traceback it
 sends back before exiting: `result()` raises it in the trainer within a second.
 """
@@ -45,6 +51,7 @@ class WorkerResult:
     logps: Tensor  # (N, C) float32, the engine's log-probs of its tokens (NaN on padding)
     seconds: float  # generation time
     weight_seconds: float  # time spent waiting for and loading new weights before generating
+    here: bool = False  # generated in the trainer's process (claimed while the worker was starting)
 
 
 class SampledLogps:
@@ -87,13 +94,16 @@ class GenerationWorker:
         with merged_adapter(model):
             self._weights = {name: t.to("cpu", copy=True).share_memory_() for name, t in hf_state_dict(model)}
         self._lock, self._version = ctx.Lock(), ctx.Value("q", version)
-        self._started = ctx.Value("q", 0)  # requests the worker has begun (it has loaded their weights)
+        # requests begun by the worker (it has loaded their weights) or claimed by the trainer, in submission order
+        self._started = ctx.Value("q", 0)
         self._requests, self._results = ctx.Queue(), ctx.Queue()
         self._submitted = 0
-        config = base.config
-        dtype = next(iter(self._weights.values())).dtype
-        args = (config, dtype, self._weights, self._lock, self._version, self._started)
-        args += (self._requests, self._results, generation_config.to_dict(), threads, str(device))
+        self._kept: dict[int, tuple] = {}  # request number -> (batch, prompt ids, mask, seed), until begun or claimed
+        self._local, self._local_version = None, -1  # the trainer's copy for claimed requests, while the worker starts
+        self._config, self._dtype = base.config, next(iter(self._weights.values())).dtype
+        self._generation_config, self._device = generation_config.to_dict(), device
+        args = (self._config, self._dtype, self._weights, self._lock, self._version, self._started)
+        args += (self._requests, self._results, self._generation_config, threads, str(device))
         self._process = ctx.Process(target=_worker_main, args=args, daemon=True, name="replayrl-generation-worker")
         with _main_module_hidden():
             self._process.start()
@@ -118,8 +128,40 @@ class GenerationWorker:
 
     def submit(self, batch: int, prompt_ids: Tensor, prompt_mask: Tensor, seed: int) -> None:
         self._check_alive()
-        self._requests.put((batch, prompt_ids.cpu().numpy(), prompt_mask.cpu().numpy(), seed))
+        n = self._submitted
+        self._requests.put((n, batch, prompt_ids.cpu().numpy(), prompt_mask.cpu().numpy(), seed))
+        self._kept = {m: r for m, r in self._kept.items() if m >= self._started.value}
+        self._kept[n] = (batch, prompt_ids, prompt_mask, seed)
         self._submitted += 1
+
+    def claim_unstarted(self) -> list[WorkerResult]:
+        """The submitted requests the worker has not begun (it is still starting), taken back and generated here,
+        in order, each with the weights the worker would have loaded for it: the same results. Empty once the
+        worker keeps up (and the trainer's copy of the weights is then dropped)."""
+        with self._started.get_lock():
+            first = self._started.value
+            self._started.value = self._submitted
+        claimed = [self._kept.pop(n) for n in range(first, self._submitted)]
+        if not claimed:
+            self._local = None
+        try:
+            return [self._generate_here(*request) for request in claimed]
+        except Exception as exc:  # the same failure the worker would have reported
+            raise GenerationWorkerError(f"the generation worker failed: {type(exc).__name__}: {exc}") from exc
+
+    def _generate_here(self, batch: int, prompt_ids: Tensor, prompt_mask: Tensor, seed: int) -> WorkerResult:
+        devices = [self._device] if torch.device(self._device).type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):  # building the copy and sampling leave the trainer's RNG as is
+            start = time.perf_counter()
+            if self._local is None:
+                self._local = _build_model(self._config, self._dtype).to(self._device)
+                self._local_version = -1
+            version = _load_weights(self._local, self._weights, self._lock, self._version, self._local_version)
+            self._local_version = version
+            loaded = time.perf_counter()
+            out = _generate(self._local, prompt_ids, prompt_mask, self._generation_config, seed)
+            seconds = time.perf_counter() - loaded
+        return WorkerResult(batch, version, *[t.cpu() for t in out], seconds, loaded - start, here=True)
 
     def result(self) -> WorkerResult:
         """The next finished batch (in submission order); raises `GenerationWorkerError` if the worker failed."""
@@ -203,11 +245,13 @@ def _worker_main(config, dtype, weights, lock, version, started, requests, resul
             request = _next_request(requests)
             if request is None:
                 return
-            batch, prompt_ids, prompt_mask, seed = request
+            n, batch, prompt_ids, prompt_mask, seed = request
             start = time.perf_counter()
             local = _load_weights(model, weights, lock, version, local)
             with started.get_lock():
-                started.value += 1
+                if n < started.value:  # the trainer claimed it while this process was starting
+                    continue
+                started.value = n + 1
             loaded = time.perf_counter()
             ids, mask = (torch.from_numpy(x).to(device) for x in (prompt_ids, prompt_mask))
             out = _generate(model, ids, mask, generation_config, seed)

@@ -131,9 +131,16 @@ def _encode(tokenizer: PreTrainedTokenizerFast, examples: list[tuple[str, str]])
     return ids, mask, labels
 
 
-def warm_up(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, seed: int, steps: int = WARMUP_STEPS) -> float:
-    """Supervised warm-up on the noisy teacher (plain torch, seeded). Returns the last batch's loss."""
-    ids, mask, labels = _encode(tokenizer, teacher_examples(seed))
+def warm_up(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    seed: int,
+    steps: int = WARMUP_STEPS,
+    examples: list[tuple[str, str]] | None = None,
+) -> float:
+    """Supervised warm-up on the noisy teacher (plain torch, seeded), or on `examples` ((prompt, completion) pairs).
+    Returns the last batch's loss."""
+    ids, mask, labels = _encode(tokenizer, teacher_examples(seed) if examples is None else examples)
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=WARMUP_LR, weight_decay=0.0)
     model.train()

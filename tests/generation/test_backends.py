@@ -107,3 +107,35 @@ def test_moe_model_generates_with_router_logits_on(tokenizer):
     torch.manual_seed(1)
     plain_ids, plain_mask, _ = generate_completions(model, batch.input_ids, batch.attention_mask, gen)
     assert torch.equal(ids, plain_ids) and torch.equal(mask, plain_mask)
+
+
+def _decoding_widths(model) -> list[int]:
+    widths: list[int] = []
+    model.register_forward_pre_hook(lambda m, a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    return widths
+
+
+def test_generation_keeps_its_kv_cache_when_the_trainer_turned_use_cache_off(model, tokenizer):
+    """transformers' Trainer sets `config.use_cache = args.use_cache` (False), and a model built from that config
+    (the async worker's copy) gets a generation config without a cache: every decoding step would re-run the whole
+    sequence. The trainer's generation config and the worker's model both keep the cache: after the prompt's forward,
+    each step feeds one new token."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from replayrl.generation.async_worker import _build_model, _generate
+
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    config.use_cache = False
+    batch = tokenizer(["ab", "hello"], return_tensors="pt", padding=True)
+    trainer_side = AutoModelForCausalLM.from_config(config)
+    assert trainer_side.generation_config.use_cache is False  # what transformers would decode with by default
+    widths = _decoding_widths(trainer_side)
+    gen = build_generation_config(GRPOConfig(output_dir="unused", max_completion_length=5, temperature=1.0), tokenizer)
+    generate_completions(trainer_side, batch.input_ids, batch.attention_mask, gen)
+    assert widths[0] == batch.input_ids.shape[1] and widths[1:] == [1] * (len(widths) - 1) and len(widths) > 1
+
+    worker_side = _build_model(config, torch.float32)
+    widths = _decoding_widths(worker_side)
+    plain = GenerationConfig(max_new_tokens=5, do_sample=True, pad_token_id=tokenizer.pad_token_id).to_dict()
+    _generate(worker_side, batch.input_ids, batch.attention_mask, plain, seed=0)
+    assert widths[0] == batch.input_ids.shape[1] and widths[1:] == [1] * (len(widths) - 1) and len(widths) > 1

@@ -122,13 +122,31 @@ def test_stale_batches_are_dropped_counted_and_never_trained(tokenizer, tmp_path
 
 def test_a_worker_error_reaches_train_with_its_message_and_nothing_is_left(tokenizer, dataset, tmp_path):
     trainer = make(GRPOTrainer, GRPOConfig, small_model(tokenizer), tokenizer, dataset, tmp_path, max_steps=2)
-    trainer.generation_config.temperature = -1.0  # only the worker's generate() checks it
+    trainer.generation_config.temperature = -1.0  # only the producer's generate() checks it
     threads = {t.ident for t in threading.enumerate()}
     start = time.perf_counter()
     with pytest.raises(GenerationWorkerError, match="temperature"):
-        trainer.train()
+        trainer.train()  # the first batches are claimed while the worker starts: the error is raised here
     assert time.perf_counter() - start < 60
     nothing_left(threads)
+
+
+def test_an_error_in_the_worker_process_reaches_the_trainer_with_its_traceback(tokenizer):
+    """The same failure inside the worker process (it was up before the request): `result()` raises it."""
+    from transformers import GenerationConfig
+
+    from replayrl.generation.async_worker import GenerationWorker
+
+    config = GenerationConfig(max_new_tokens=3, do_sample=True, temperature=-1.0, pad_token_id=tokenizer.pad_token_id)
+    worker = GenerationWorker(small_model(tokenizer), config, version=0)
+    try:
+        batch = tokenizer(["ab", "cd"], return_tensors="pt")
+        worker.submit(0, batch.input_ids, batch.attention_mask, seed=0)
+        with pytest.raises(GenerationWorkerError, match=r"temperature(.|\n)*Traceback"):
+            worker.result()  # never claimed: the worker itself generates and fails
+    finally:
+        worker.close()
+    assert not worker._process.is_alive()
 
 
 def test_a_killed_worker_is_reported_with_its_exit_code(tokenizer, dataset, tmp_path):
@@ -275,3 +293,39 @@ def test_lora_weights_reach_the_worker_merged(tokenizer, dataset, tmp_path):
     for b in record.batches:
         torch.testing.assert_close(b["engine"][b["mask"]], b["current"][b["mask"]], atol=1e-4, rtol=0)
     assert trainer._async.dropped_rows == 8 and trainer._async.mismatches == 0
+
+
+def test_a_batch_claimed_while_the_worker_starts_is_the_one_the_worker_would_have_sampled(tokenizer):
+    """While the worker process starts, the trainer takes back its unstarted requests and samples them itself, with
+    the shared weights and the request's seed: the same completions and log-probs as the worker's, the trainer's
+    random state untouched, and the worker skips the claimed request."""
+    from transformers import GenerationConfig
+
+    from replayrl.generation.async_worker import GenerationWorker
+
+    model = small_model(tokenizer)
+    config = GenerationConfig(
+        max_new_tokens=6,
+        do_sample=True,
+        top_k=0,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    batch = tokenizer(["ab", "hello", "xyz"], return_tensors="pt", padding=True, padding_side="left")
+    claimer, worker = GenerationWorker(model, config, version=3), GenerationWorker(model, config, version=3)
+    try:
+        claimer.submit(0, batch.input_ids, batch.attention_mask, seed=11)
+        rng = torch.get_rng_state()
+        (claimed,) = claimer.claim_unstarted()  # at once: the process is still importing torch
+        assert torch.equal(torch.get_rng_state(), rng)
+        worker.submit(0, batch.input_ids, batch.attention_mask, seed=11)
+        sampled = worker.result()
+        assert claimed.here and not sampled.here and claimed.version == sampled.version == 3
+        assert torch.equal(claimed.completion_ids, sampled.completion_ids)
+        assert torch.equal(claimed.completion_mask, sampled.completion_mask)
+        assert torch.allclose(claimed.logps, sampled.logps, equal_nan=True, atol=0, rtol=0)
+        claimer.submit(1, batch.input_ids, batch.attention_mask, seed=12)
+        assert claimer.result().batch == 1  # request 0 was skipped by the worker
+        assert claimer.claim_unstarted() == [] and claimer._local is None  # the worker is up: the copy is dropped
+    finally:
+        claimer.close(), worker.close()
