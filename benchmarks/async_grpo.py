@@ -221,7 +221,7 @@ def _timed_run(trainer, arm: str, seed: int) -> dict:
 VERBOSE = "{a} plus {b} is {s}, so {a}+{b}={s}"  # `long`: the built-in task's sum, in words around it
 
 
-def long_job(task: str, arm: str, seed: int, steps: int, out: Path) -> dict:
+def long_job(task: str, arm: str, seed: int, steps: int, out: Path, overrides: dict | None = None) -> dict:
     """Learning tasks whose completions are long enough for generation to be about half of the synchronous step.
 
     - `long`: the built-in task (the same prompts, split, noisy teacher and exact-match 0/1 reward) with a longer
@@ -268,7 +268,7 @@ def long_job(task: str, arm: str, seed: int, steps: int, out: Path) -> dict:
             return [float(c[:1] == p[:1]) for p, c in zip(prompts, completions)]
 
         reward = echo
-    args = GRPOWithReplayBufferConfig(**(settings | common))
+    args = GRPOWithReplayBufferConfig(**(settings | common | (overrides or {})))
     trainer = GRPOWithReplayBufferTrainer(
         model=model, reward_funcs=reward, args=args, train_dataset=train, processing_class=tok
     )

@@ -329,3 +329,31 @@ def test_a_batch_claimed_while_the_worker_starts_is_the_one_the_worker_would_hav
         assert claimer.claim_unstarted() == [] and claimer._local is None  # the worker is up: the copy is dropped
     finally:
         claimer.close(), worker.close()
+
+
+def test_fresh_rows_of_the_replay_trainer_keep_the_clipped_ratio_against_the_worker_that_sampled_them(
+    tokenizer, dataset, tmp_path
+):
+    """Asynchronous fresh rows are one step stale: their behaviour log-probs are the worker's, and the loss takes the
+    PPO ratio against them (importance weight 1, proximal = behaviour); only replayed rows get the decoupled
+    objective's truncated weights."""
+
+    class Spy(GRPOWithReplayBufferTrainer):
+        seen: list = []
+
+        def _behaviour_correction(self, batch, current, old):
+            proximal, weights = super()._behaviour_correction(batch, current, old)
+            self.seen.append((self.state.global_step, batch, old.clone(), proximal, weights))
+            return proximal, weights
+
+    trainer = make(
+        Spy, GRPOWithReplayBufferConfig, small_model(tokenizer), tokenizer, dataset, tmp_path,
+        max_steps=4, replay_buffer_size=4, replay_importance_cap=2.0,
+    )  # fmt: skip
+    trainer.train()
+    stale_fresh = 0
+    for step, batch, old, proximal, weights in trainer.seen:
+        fresh = ~batch.replayed
+        stale_fresh += int((fresh & (batch.policy_version < step)).sum())
+        assert torch.equal(proximal[fresh], old[fresh]) and torch.equal(weights[fresh], torch.ones_like(old[fresh]))
+    assert stale_fresh > 0
