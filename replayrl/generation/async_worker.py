@@ -96,13 +96,14 @@ class GenerationWorker:
         self._lock, self._version = ctx.Lock(), ctx.Value("q", version)
         # requests begun by the worker (it has loaded their weights) or claimed by the trainer, in submission order
         self._started = ctx.Value("q", 0)
+        self._ready = ctx.Value("b", 0)  # set by the worker once its model is built: claims stop then
         self._requests, self._results = ctx.Queue(), ctx.Queue()
         self._submitted = 0
         self._kept: dict[int, tuple] = {}  # request number -> (batch, prompt ids, mask, seed), until begun or claimed
         self._local, self._local_version = None, -1  # the trainer's copy for claimed requests, while the worker starts
         self._config, self._dtype = base.config, next(iter(self._weights.values())).dtype
         self._generation_config, self._device = generation_config.to_dict(), device
-        args = (self._config, self._dtype, self._weights, self._lock, self._version, self._started)
+        args = (self._config, self._dtype, self._weights, self._lock, self._version, self._started, self._ready)
         args += (self._requests, self._results, self._generation_config, threads, str(device))
         self._process = ctx.Process(target=_worker_main, args=args, daemon=True, name="replayrl-generation-worker")
         with _main_module_hidden():
@@ -135,15 +136,17 @@ class GenerationWorker:
         self._submitted += 1
 
     def claim_unstarted(self) -> list[WorkerResult]:
-        """The submitted requests the worker has not begun (it is still starting), taken back and generated here,
-        in order, each with the weights the worker would have loaded for it: the same results. Empty once the
-        worker keeps up (and the trainer's copy of the weights is then dropped)."""
+        """While the worker is still starting: the submitted requests it has not begun, taken back and generated
+        here, in order, each with the weights the worker would have loaded for it: the same results. Empty once the
+        worker's model is built (the trainer's copy of the weights is dropped then): from there on the trainer
+        waits for the worker, which a busy machine may slow down but never turns back into taking turns."""
+        if self._ready.value:
+            self._local = None
+            return []
         with self._started.get_lock():
             first = self._started.value
             self._started.value = self._submitted
         claimed = [self._kept.pop(n) for n in range(first, self._submitted)]
-        if not claimed:
-            self._local = None
         try:
             return [self._generate_here(*request) for request in claimed]
         except Exception as exc:  # the same failure the worker would have reported
@@ -237,10 +240,13 @@ def _main_module_hidden():
 
 
 # ------------------------------------------------------------------------------------------------ worker process
-def _worker_main(config, dtype, weights, lock, version, started, requests, results, generation_config, threads, device):
+def _worker_main(
+    config, dtype, weights, lock, version, started, ready, requests, results, generation_config, threads, device
+):
     try:
         torch.set_num_threads(threads)
         model, local = _build_model(config, dtype).to(device), -1
+        ready.value = 1
         while True:
             request = _next_request(requests)
             if request is None:

@@ -192,8 +192,10 @@ class AsyncRollouts:
                     self._dataset = t._remove_unused_columns(t.train_dataset, description="training")
             while self._order_pos <= k:
                 indices = next(self._order)
-                if self._order_pos >= k:
-                    self.rows[self._order_pos] = [self._dataset[i] for i in indices]
+                if self._order_pos >= k:  # one columnar read, as the dataloader's fetcher (row by row: ~20 ms)
+                    fetch = getattr(self._dataset, "__getitems__", None)
+                    rows = fetch(indices) if fetch is not None else [self._dataset[i] for i in indices]
+                    self.rows[self._order_pos] = rows
                 self._order_pos += 1
         return self.rows[k]
 

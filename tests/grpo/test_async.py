@@ -326,7 +326,9 @@ def test_a_batch_claimed_while_the_worker_starts_is_the_one_the_worker_would_hav
         assert torch.allclose(claimed.logps, sampled.logps, equal_nan=True, atol=0, rtol=0)
         claimer.submit(1, batch.input_ids, batch.attention_mask, seed=12)
         assert claimer.result().batch == 1  # request 0 was skipped by the worker
-        assert claimer.claim_unstarted() == [] and claimer._local is None  # the worker is up: the copy is dropped
+        claimer.submit(2, batch.input_ids, batch.attention_mask, seed=13)
+        assert claimer.claim_unstarted() == [] and claimer._local is None  # the worker is up: no claim, no copy
+        assert claimer.result().batch == 2
     finally:
         claimer.close(), worker.close()
 
