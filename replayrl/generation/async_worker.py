@@ -243,6 +243,7 @@ def _main_module_hidden():
 def _worker_main(
     config, dtype, weights, lock, version, started, ready, requests, results, generation_config, threads, device
 ):
+    _exit_with_parent()
     try:
         torch.set_num_threads(threads)
         model, local = _build_model(config, dtype).to(device), -1
@@ -265,6 +266,24 @@ def _worker_main(
             results.put(("ok", batch, local, *[t.cpu().numpy() for t in out], seconds, loaded - start))
     except BaseException as exc:  # noqa: BLE001 - the trainer must learn of every failure
         results.put(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+
+
+def _exit_with_parent() -> None:
+    """On Linux, have the kernel kill this process when the trainer dies, however it dies (SIGKILL, SIGTERM without
+    cleanup): polling the parent between requests is not enough, since a parent killed in the middle of sending a
+    request leaves this process blocked forever on the half-written message (it holds the pipe's write end too, so
+    no end-of-file comes). Elsewhere the polling remains."""
+    import multiprocessing
+    import os
+    import signal
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    parent = multiprocessing.parent_process()
+    if parent is not None and not parent.is_alive():  # it died before the line above
+        os._exit(0)
 
 
 def _build_model(config, dtype):

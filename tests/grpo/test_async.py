@@ -359,3 +359,58 @@ def test_fresh_rows_of_the_replay_trainer_keep_the_clipped_ratio_against_the_wor
         stale_fresh += int((fresh & (batch.policy_version < step)).sum())
         assert torch.equal(proximal[fresh], old[fresh]) and torch.equal(weights[fresh], torch.ones_like(old[fresh]))
     assert stale_fresh > 0
+
+
+_PARENT = """
+import sys, time
+from transformers import GenerationConfig
+from replayrl.generation.async_worker import GenerationWorker
+from replayrl.models.tiny import build_tiny_model, build_tokenizer
+
+tok = build_tokenizer()
+model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
+worker = GenerationWorker(model, GenerationConfig(max_new_tokens=2, do_sample=True), version=0)
+print(worker.pid, flush=True)
+while not worker._ready.value:
+    time.sleep(0.05)
+if "half-sent" in sys.argv:  # killed in the middle of sending a request: a length header, no payload
+    import os, struct
+    os.write(worker._requests._writer.fileno(), struct.pack("!i", 1000))
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_worker_dies_with_a_trainer_killed_without_cleanup(tmp_path):
+    """SIGKILL of the trainer's process (no `finally`, no atexit) while a request is half-written: the worker, blocked
+    reading it, must not outlive the trainer (polling for the parent between requests would never run again)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "parent.py"
+    script.write_text(_PARENT)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    parent = subprocess.Popen([sys.executable, str(script), "half-sent"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pid = int(parent.stdout.readline())
+        assert parent.stdout.readline().strip() == "ready"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.time() + 10
+        while time.time() < deadline and _running(pid):
+            time.sleep(0.1)
+        assert not _running(pid)
+    finally:
+        parent.kill()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's exit may not be reaped in a container)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
