@@ -125,7 +125,7 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
         self.is_peft_model = is_peft_model(model)
         self._vision = any_images(train_dataset, eval_dataset)  # raw rows, collated by the processor
         if self._vision:
-            check_vision_dpo(args, processing_class)
+            check_vision_dpo(args, model, processing_class)
             data_collator = data_collator or vision_dpo_collator(model, processing_class, args)
         with PartialState().main_process_first():
             if not self._vision:

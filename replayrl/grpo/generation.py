@@ -45,19 +45,12 @@ class Generated:
 
 def prompt_images(inputs: list[dict], prompts: list, group_size: int) -> tuple[list, list[list] | None]:
     """The prompts with one image placeholder per image (TRL's `prepare_multimodal_messages`) and the images of
-    each group of ``group_size`` rows (loaded as PIL RGB), or the prompts unchanged and None when no row has
-    images. Every row of a group shares its prompt (the sampler repeats it), so images are loaded once per group."""
-    if not any(x.get("image") is not None or x.get("images") is not None for x in inputs):
+    each group of ``group_size`` rows (loaded as PIL RGB; an empty list for a row without images, which trains as
+    text among the others, as TRL), or the prompts unchanged and None when no row has images. Every row of a group
+    shares its prompt (the sampler repeats it), so images are loaded once per group."""
+    if not any(x.get("image") is not None or x.get("images") for x in inputs):
         return prompts, None
-    images = []
-    for g in range(len(inputs) // group_size):
-        group = row_images(inputs[g * group_size])
-        if group is None:
-            raise ValueError(
-                "some rows of the batch have images and some have none; replayrl trains a VLM on rows that all carry "
-                "an 'image' (or non-empty 'images') column: split the dataset, or give every row its image."
-            )
-        images.append(group)
+    images = [row_images(inputs[g * group_size]) or [] for g in range(len(inputs) // group_size)]
     prompts = [prepare_multimodal_messages(p, len(images[i // group_size])) for i, p in enumerate(prompts)]
     return prompts, images
 

@@ -113,7 +113,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         processing_class = self._resolve_tokenizer(processing_class, tokenizer, model, args)
         self._vision = is_vision_sft(train_dataset, eval_dataset)  # images: raw rows, collated by the processor
         if self._vision:
-            check_vision_sft(args, processing_class, formatting_func)
+            check_vision_sft(args, model, processing_class, formatting_func)
         set_seed(args.seed)  # as TRL: a model or PEFT adapter built here is reproducible by the seed
         model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
         if args.eos_token is not None:

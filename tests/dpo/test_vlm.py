@@ -65,3 +65,17 @@ def test_dpo_with_images_refuses_a_tokenizer(tmp_path):
     with pytest.raises(ValueError, match="not a processor that handles images"):
         DPOTrainer(model=build_tiny_vlm("llava"), args=args, train_dataset=pairs("llava"),
                    processing_class=build_tokenizer())  # fmt: skip
+
+
+def test_dpo_with_images_refuses_keep_end_and_a_text_model_in_trls_words(tmp_path):
+    from replayrl.models.tiny import build_tiny_model, build_tokenizer
+
+    dataset, processor = pairs("qwen2_vl", 2), build_tiny_processor("qwen2_vl")
+    with pytest.warns(FutureWarning, match="keep_end.*deprecated"):  # TRL 1.16's deprecation
+        keep_end = DPOConfig(output_dir=str(tmp_path / "o"), max_length=32, truncation_mode="keep_end", **QUIET_CPU_RUN)
+    with pytest.raises(ValueError, match="truncation_mode='keep_end' is not supported for vision-language models"):
+        DPOTrainer(model=build_tiny_vlm("qwen2_vl"), args=keep_end, train_dataset=dataset, processing_class=processor)
+    text_model = build_tiny_model(build_tokenizer(), hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
+    args = DPOConfig(output_dir=str(tmp_path / "out"), max_steps=1, **QUIET_CPU_RUN)
+    with pytest.raises(ValueError, match="vision-related.*not seem to be a vision-language model"):
+        DPOTrainer(model=text_model, args=args, train_dataset=dataset, processing_class=processor)
