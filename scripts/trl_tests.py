@@ -76,6 +76,8 @@ VLM_MODELS = {
     "tiny-Qwen2VLForConditionalGeneration": "qwen2_vl",
     "tiny-Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
     "tiny-Qwen3VLForConditionalGeneration": "qwen3_vl",
+    "tiny-Qwen3_5ForConditionalGeneration-NoThink": "qwen3_5",
+    "tiny-Qwen3_5MoeForConditionalGeneration-3.6": "qwen3_5_moe",
     "tiny-LlavaForConditionalGeneration": "llava",
     "tiny-LlavaNextForConditionalGeneration": "llava_next",
     "tiny-Gemma3ForConditionalGeneration": "gemma3",

@@ -22,16 +22,20 @@ from transformers import PreTrainedTokenizerFast
 from replayrl.models.processors import without_video
 from replayrl.models.tiny import build_tokenizer
 
-Family = Literal["qwen2_vl", "qwen2_5_vl", "llava", "gemma3", "llava_next", "qwen3_vl"]
+Family = Literal["qwen2_vl", "qwen2_5_vl", "llava", "gemma3", "llava_next", "qwen3_vl", "qwen3_5", "qwen3_5_moe"]
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "llava", "gemma3")
-MORE_FAMILIES: tuple[str, ...] = ("llava_next", "qwen3_vl")
-_QWEN = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+MORE_FAMILIES: tuple[str, ...] = ("llava_next", "qwen3_vl", "qwen3_5", "qwen3_5_moe")
+_QWEN = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe")
+_QWEN_MARKUP = "<|vision_start|><|image_pad|><|vision_end|>"
+_QWEN_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
 
 # What one {"type": "image"} part renders to in each family's chat template (the processor expands it).
 _IMAGE_MARKUP = {
     "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
-    "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "qwen3_vl": _QWEN_MARKUP,
+    "qwen3_5": _QWEN_MARKUP,
+    "qwen3_5_moe": _QWEN_MARKUP,
     "llava": "<image>",
     "llava_next": "<image>",
     "gemma3": "<start_of_image>",
@@ -39,12 +43,15 @@ _IMAGE_MARKUP = {
 _IMAGE_TOKENS = {
     "qwen2_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"],
     "qwen2_5_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"],
-    "qwen3_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"],
+    "qwen3_vl": _QWEN_TOKENS,
+    "qwen3_5": _QWEN_TOKENS,
+    "qwen3_5_moe": _QWEN_TOKENS,
     "llava": ["<image>"],
     "llava_next": ["<image>"],
     "gemma3": ["<start_of_image>", "<image_soft_token>", "<end_of_image>"],
 }
-IMAGE_SIZE = {"qwen2_vl": 56, "qwen2_5_vl": 56, "qwen3_vl": 64, "llava": 28, "llava_next": 28, "gemma3": 28}
+IMAGE_SIZE = {"qwen2_vl": 56, "qwen2_5_vl": 56, "qwen3_vl": 64, "qwen3_5": 64, "qwen3_5_moe": 64, "llava": 28,
+              "llava_next": 28, "gemma3": 28}  # fmt: skip
 
 
 def _chat_template(image_markup: str) -> str:
@@ -94,8 +101,8 @@ def build_tiny_processor(family: Family):
         )
         import transformers
 
-        cls = getattr(transformers, {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor",
-                                     "qwen3_vl": "Qwen3VLProcessor"}[family])  # fmt: skip
+        names = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}  # Qwen3-VL's for the others
+        cls = getattr(transformers, names.get(family, "Qwen3VLProcessor"))
         return without_video(cls)(image_processor=image_processor, tokenizer=tokenizer, chat_template=template)
     if family in ("llava", "llava_next"):
         from transformers import LlavaNextProcessor, LlavaProcessor
@@ -167,14 +174,27 @@ def _config(family: Family, tokenizer, hidden_size: int, num_layers: int):
             vision_end_token_id=ids("<|vision_end|>"),
             tie_word_embeddings=True,
         )
-    if family == "qwen3_vl":
-        from transformers import Qwen3VLConfig
+    if family in ("qwen3_vl", "qwen3_5", "qwen3_5_moe"):
+        import transformers
 
         rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}
         vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden_size,
-                      patch_size=16, num_position_embeddings=16, deepstack_visual_indexes=[0])  # fmt: skip
-        return Qwen3VLConfig(
-            text_config={**text, "head_dim": hidden_size // 4, "rope_parameters": rope},
+                      patch_size=16, num_position_embeddings=16)  # fmt: skip
+        text = {**text, "head_dim": hidden_size // 4, "rope_parameters": rope}
+        if family == "qwen3_vl":
+            vision["deepstack_visual_indexes"] = [0]
+        else:  # Qwen3.5: gated delta-net (linear attention) layers before a full-attention one; the MoE variant
+            rope["partial_rotary_factor"] = 1.0
+            text.update(layer_types=["linear_attention"] * (num_layers - 1) + ["full_attention"],
+                        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+                        linear_num_value_heads=4)  # fmt: skip
+        if family == "qwen3_5_moe":
+            text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        shared_expert_intermediate_size=32)  # fmt: skip
+        names = {"qwen3_vl": "Qwen3VLConfig", "qwen3_5": "Qwen3_5Config", "qwen3_5_moe": "Qwen3_5MoeConfig"}
+        cls = getattr(transformers, names[family])
+        return cls(
+            text_config=text,
             vision_config=vision,
             image_token_id=ids("<|image_pad|>"),
             video_token_id=ids("<|video_pad|>"),
