@@ -314,7 +314,7 @@ def _processors_without_torchvision() -> None:
         return
 
     try:
-        from replayrl.models.processors import load_without_video
+        from replayrl.models.processors import load_without_video, video_processor_missing
     except ImportError:  # an older replayrl (a "before" count): its processors load as it can
         return
     original = AutoProcessor.from_pretrained
@@ -322,8 +322,8 @@ def _processors_without_torchvision() -> None:
     def from_pretrained(name, *args, **kwargs):
         try:
             return original(name, *args, **kwargs)
-        except (ImportError, ValueError) as err:
-            if "torchvision" not in str(err):
+        except (ImportError, ValueError, OSError) as err:
+            if not video_processor_missing(err):
                 raise
             return load_without_video(name, reason=str(err), **kwargs)
 

@@ -4,7 +4,8 @@ transformers' video processors need torchvision; with a CPU-only torch there may
 here has only CUDA builds of torchvision for torch 2.13, docs/vlm.md), and `AutoProcessor.from_pretrained` then fails
 for every processor that has a video part (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, ...) even when only images are trained.
 `load_processor` falls back to the same processor class without its video processor: the image processor (the PIL
-one where torchvision is missing), the tokenizer and the chat template, which is all image training needs.
+one where torchvision is missing), the tokenizer and the chat template, which is all image training needs. A
+processor saved that way (no video processor config) loads back through the same fallback.
 """
 
 from __future__ import annotations
@@ -39,10 +40,16 @@ def load_processor(name: str, **kwargs: Any):
 
     try:
         return AutoProcessor.from_pretrained(name, **kwargs)
-    except (ImportError, ValueError) as err:
-        if "torchvision" not in str(err):
+    except (ImportError, ValueError, OSError) as err:
+        if not video_processor_missing(err):
             raise
         return load_without_video(name, reason=str(err), **kwargs)
+
+
+def video_processor_missing(err: Exception) -> bool:
+    """Whether `AutoProcessor` failed on the video processor alone: torchvision missing, or (a processor saved
+    without one) no video processor config."""
+    return "torchvision" in str(err) or "video processor" in str(err).lower()
 
 
 def load_without_video(name: str, reason: str = "", **kwargs: Any):
