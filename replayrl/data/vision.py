@@ -103,6 +103,17 @@ def text_tokenizer(processing_class):
     return getattr(processing_class, "tokenizer", processing_class)
 
 
+def text_processing_class(processing_class):
+    """What text-only rows are tokenised with: a processor's tokenizer (called on text alone, a processor would take
+    the text for images), carrying the processor's chat template when it has none; a tokenizer as it is."""
+    if not is_processor(processing_class):
+        return processing_class
+    tokenizer = processing_class.tokenizer
+    if not getattr(tokenizer, "chat_template", None) and getattr(processing_class, "chat_template", None):
+        tokenizer.chat_template = processing_class.chat_template
+    return tokenizer
+
+
 def is_processor(processing_class) -> bool:
     return hasattr(processing_class, "image_processor")
 

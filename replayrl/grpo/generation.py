@@ -13,7 +13,13 @@ from torch import Tensor
 
 from replayrl import algos
 from replayrl.data.prompts import tokenize_prompts
-from replayrl.data.vision import VisionInputs, encode_prompts, prepare_multimodal_messages, row_images
+from replayrl.data.vision import (
+    VisionInputs,
+    encode_prompts,
+    prepare_multimodal_messages,
+    row_images,
+    text_tokenizer,
+)
 from replayrl.grpo.rollout import fit_width
 from replayrl.models.sharding import gathered_parameters, generation_context
 
@@ -63,8 +69,8 @@ def generate_batch(
     with the generation backend (+ tool calls)."""
     device, vision = trainer.accelerator.device, None
     if images is None:
-        prompt_ids, prompt_mask = tokenize_prompts(
-            trainer.processing_class, texts, trainer.args.max_prompt_length, add_special_tokens
+        prompt_ids, prompt_mask = tokenize_prompts(  # a processor's tokenizer: text rows only here
+            text_tokenizer(trainer.processing_class), texts, trainer.args.max_prompt_length, add_special_tokens
         )
     else:
         prompt_ids, prompt_mask, vision = encode_prompts(

@@ -220,7 +220,7 @@ def _config(family: Family, tokenizer, hidden_size: int, num_layers: int):
     text = {**text, "head_dim": 16, "sliding_window": 64, "query_pre_attn_scalar": 16}
     return Gemma3Config(
         text_config=text,
-        vision_config={"model_type": "siglip_vision_model", **vision},
+        vision_config={"model_type": "siglip_vision_model", "vision_use_head": False, **vision},
         mm_tokens_per_image=4,
         boi_token_index=ids("<start_of_image>"),
         eoi_token_index=ids("<end_of_image>"),
