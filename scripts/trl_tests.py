@@ -81,6 +81,7 @@ VLM_MODELS = {
     "tiny-LlavaForConditionalGeneration": "llava",
     "tiny-LlavaNextForConditionalGeneration": "llava_next",
     "tiny-Gemma3ForConditionalGeneration": "gemma3",
+    "tiny-Idefics3ForConditionalGeneration": "idefics3",
 }
 QWEN_IDS = {"tiny-Qwen2ForCausalLM-2.5", "tiny-Qwen3MoeForCausalLM"}
 # The hub Qwen vocabulary's entries that TRL's tests hard-code, at their ids (each test spells out the text it means).

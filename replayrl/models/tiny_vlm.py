@@ -22,9 +22,15 @@ from transformers import PreTrainedTokenizerFast
 from replayrl.models.processors import without_video
 from replayrl.models.tiny import build_tokenizer
 
-Family = Literal["qwen2_vl", "qwen2_5_vl", "llava", "gemma3", "llava_next", "qwen3_vl", "qwen3_5", "qwen3_5_moe"]
+Family = Literal["qwen2_vl", "qwen2_5_vl", "llava", "gemma3", "llava_next", "qwen3_vl", "qwen3_5", "qwen3_5_moe",
+                 "idefics3"]  # fmt: skip
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "llava", "gemma3")
-MORE_FAMILIES: tuple[str, ...] = ("llava_next", "qwen3_vl", "qwen3_5", "qwen3_5_moe")
+MORE_FAMILIES: tuple[str, ...] = ("llava_next", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "idefics3")
+# Idefics3 (SmolVLM's architecture; SmolVLM's own processor needs the num2words package): an image expands to
+# <fake_token_around_image><global-img><image>...<fake_token_around_image>; split images' row/column tokens too.
+_IDEFICS_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"] + [
+    f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)
+]
 _QWEN = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe")
 _QWEN_MARKUP = "<|vision_start|><|image_pad|><|vision_end|>"
 _QWEN_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
@@ -39,6 +45,7 @@ _IMAGE_MARKUP = {
     "llava": "<image>",
     "llava_next": "<image>",
     "gemma3": "<start_of_image>",
+    "idefics3": "<image>",
 }
 _IMAGE_TOKENS = {
     "qwen2_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"],
@@ -49,9 +56,10 @@ _IMAGE_TOKENS = {
     "llava": ["<image>"],
     "llava_next": ["<image>"],
     "gemma3": ["<start_of_image>", "<image_soft_token>", "<end_of_image>"],
+    "idefics3": _IDEFICS_TOKENS,
 }
 IMAGE_SIZE = {"qwen2_vl": 56, "qwen2_5_vl": 56, "qwen3_vl": 64, "qwen3_5": 64, "qwen3_5_moe": 64, "llava": 28,
-              "llava_next": 28, "gemma3": 28}  # fmt: skip
+              "llava_next": 28, "gemma3": 28, "idefics3": 28}  # fmt: skip
 
 
 def _chat_template(image_markup: str) -> str:
@@ -122,6 +130,14 @@ def build_tiny_processor(family: Family):
             num_additional_image_tokens=1,  # CLIP's CLS, dropped by the "default" strategy
             chat_template=template,
         )
+    if family == "idefics3":  # one 28x28 view per image (no splitting): 1 image token after the pixel shuffle
+        from transformers import Idefics3Processor
+
+        image_processor = _pil_image_processor("Idefics3")(
+            do_image_splitting=False, size={"longest_edge": size}, max_image_size={"longest_edge": size}
+        )
+        return Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=1,
+                                 chat_template=template)  # fmt: skip
     from transformers import Gemma3Processor
 
     image_processor = _pil_image_processor("Gemma3")(size={"height": size, "width": size})
@@ -215,6 +231,16 @@ def _config(family: Family, tokenizer, hidden_size: int, num_layers: int):
         size = IMAGE_SIZE[family]
         return LlavaNextConfig(image_token_index=ids("<image>"), image_grid_pinpoints=[[size, 2 * size]],
                                image_seq_length=4, **common)  # fmt: skip
+    if family == "idefics3":
+        from transformers import Idefics3Config
+
+        return Idefics3Config(
+            vision_config={**vision, "num_hidden_layers": 1},
+            text_config={"model_type": "llama", **text},
+            image_token_id=ids("<image>"),
+            scale_factor=2,
+            tie_word_embeddings=True,
+        )
     from transformers import Gemma3Config
 
     text = {**text, "head_dim": 16, "sliding_window": 64, "query_pre_attn_scalar": 16}
