@@ -81,6 +81,7 @@ VLM_MODELS = {
     "tiny-LlavaForConditionalGeneration": "llava",
     "tiny-LlavaNextForConditionalGeneration": "llava_next",
     "tiny-Gemma3ForConditionalGeneration": "gemma3",
+    "tiny-Idefics2ForConditionalGeneration": "idefics2",
     "tiny-Idefics3ForConditionalGeneration": "idefics3",
 }
 QWEN_IDS = {"tiny-Qwen2ForCausalLM-2.5", "tiny-Qwen3MoeForCausalLM"}

@@ -44,6 +44,7 @@ FUSED_HEAD_MODEL_TYPES = frozenset(
         "qwen3_5_moe",
         "llava",
         "llava_next",
+        "idefics2",
         "idefics3",
     }
 )

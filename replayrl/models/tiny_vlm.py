@@ -23,9 +23,9 @@ from replayrl.models.processors import without_video
 from replayrl.models.tiny import build_tokenizer
 
 Family = Literal["qwen2_vl", "qwen2_5_vl", "llava", "gemma3", "llava_next", "qwen3_vl", "qwen3_5", "qwen3_5_moe",
-                 "idefics3"]  # fmt: skip
+                 "idefics2", "idefics3"]  # fmt: skip
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "llava", "gemma3")
-MORE_FAMILIES: tuple[str, ...] = ("llava_next", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "idefics3")
+MORE_FAMILIES: tuple[str, ...] = ("llava_next", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "idefics2", "idefics3")
 # Idefics3 (SmolVLM's architecture; SmolVLM's own processor needs the num2words package): an image expands to
 # <fake_token_around_image><global-img><image>...<fake_token_around_image>; split images' row/column tokens too.
 _IDEFICS_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"] + [
@@ -45,6 +45,7 @@ _IMAGE_MARKUP = {
     "llava": "<image>",
     "llava_next": "<image>",
     "gemma3": "<start_of_image>",
+    "idefics2": "<image>",
     "idefics3": "<image>",
 }
 _IMAGE_TOKENS = {
@@ -56,10 +57,11 @@ _IMAGE_TOKENS = {
     "llava": ["<image>"],
     "llava_next": ["<image>"],
     "gemma3": ["<start_of_image>", "<image_soft_token>", "<end_of_image>"],
+    "idefics2": _IDEFICS_TOKENS[:3],
     "idefics3": _IDEFICS_TOKENS,
 }
 IMAGE_SIZE = {"qwen2_vl": 56, "qwen2_5_vl": 56, "qwen3_vl": 64, "qwen3_5": 64, "qwen3_5_moe": 64, "llava": 28,
-              "llava_next": 28, "gemma3": 28, "idefics3": 28}  # fmt: skip
+              "llava_next": 28, "gemma3": 28, "idefics2": 28, "idefics3": 28}  # fmt: skip
 
 
 def _chat_template(image_markup: str) -> str:
@@ -130,6 +132,14 @@ def build_tiny_processor(family: Family):
             num_additional_image_tokens=1,  # CLIP's CLS, dropped by the "default" strategy
             chat_template=template,
         )
+    if family == "idefics2":  # one 28x28 view per image, resampled to 4 latents (4 image tokens)
+        from transformers import Idefics2Processor
+
+        image_processor = _pil_image_processor("Idefics2")(
+            do_image_splitting=False, size={"shortest_edge": size, "longest_edge": size}
+        )
+        return Idefics2Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4,
+                                 chat_template=template)  # fmt: skip
     if family == "idefics3":  # one 28x28 view per image (no splitting): 1 image token after the pixel shuffle
         from transformers import Idefics3Processor
 
@@ -231,6 +241,18 @@ def _config(family: Family, tokenizer, hidden_size: int, num_layers: int):
         size = IMAGE_SIZE[family]
         return LlavaNextConfig(image_token_index=ids("<image>"), image_grid_pinpoints=[[size, 2 * size]],
                                image_seq_length=4, **common)  # fmt: skip
+    if family == "idefics2":
+        from transformers import Idefics2Config
+
+        perceiver = dict(hidden_size=hidden_size, resampler_n_latents=4, resampler_depth=1, resampler_n_heads=2,
+                         resampler_head_dim=16, num_key_value_heads=1)  # fmt: skip
+        return Idefics2Config(
+            vision_config={**vision, "num_hidden_layers": 1},
+            perceiver_config=perceiver,
+            text_config={"model_type": "mistral", **text},
+            image_token_id=ids("<image>"),
+            tie_word_embeddings=True,
+        )
     if family == "idefics3":
         from transformers import Idefics3Config
 
