@@ -71,3 +71,17 @@ def test_a_saved_qwen_vl_processor_loads_back_without_torchvision(tmp_path):
     a, b = (p(text=[text], images=[[image]], return_tensors="pt") for p in (original, loaded))
     assert type(loaded).__name__ == "Qwen2_5_VLProcessor"
     assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["pixel_values"], b["pixel_values"])
+
+
+@pytest.mark.parametrize("tracker", ["trackio", "wandb"])
+def test_the_trackers_get_the_images_as_their_own_image_cells(tracker):
+    """The completions table's `image` column reaches trackio / wandb as their Image objects (as TRL logs it), one
+    list per row, a row without images an empty list."""
+    backend = pytest.importorskip(tracker)
+    from replayrl.metrics.trackers import _frame
+
+    images = mixed_rows()["images"]
+    frame = _frame({"prompt": ["a", "b", "c"], "image": [images[1], [], images[0]]}, backend)
+    cells = list(frame["image"])
+    assert [len(c) for c in cells] == [2, 0, 1]
+    assert all(isinstance(im, backend.Image) for row in cells for im in row)
