@@ -4,10 +4,9 @@ at collation time (images cannot be pre-tokenised into the dataset), labels out.
 Rows are conversational: a `messages` column (language modeling: every token trained, or with
 ``assistant_only_loss`` only the assistant turns, as the chat template's ``{% generation %}`` marks say) or
 `prompt` + `completion` columns (prompt-completion: with ``completion_only_loss``, only the completion's tokens).
-Each row's images (an
-`image` or `images` column) go first in its first user message (`prepare_multimodal_messages`). Labels are -100 on
-padding and on the image placeholder tokens (inputs, not predictions). ``max_length`` cuts rows from the right;
-a cut that would leave an image's tokens partly in the row is refused.
+Each row's images (an `image` or `images` column) go first in its first user message (`prepare_multimodal_messages`).
+Labels are -100 on padding and on the image placeholder tokens (inputs, not predictions). ``max_length`` cuts rows
+from the right; a cut that would leave an image's tokens partly in the row is refused.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import torch
 from datasets import Dataset
 
 from replayrl import GRPOConfig
+from replayrl.data.vision import load_image
 from replayrl.models.processors import load_processor
 from replayrl.models.tiny_vlm import MORE_FAMILIES, build_tiny_processor, build_tiny_vlm
 from tests.conftest import tiny_args
@@ -54,7 +55,7 @@ def test_text_rows_train_among_image_rows_and_the_table_shows_each_rows_images(t
     assert len(prompts) == len(shown) == 8
     for prompt, images in zip(prompts, shown):
         (k,) = [k for k, q in enumerate(questions) if q in prompt]
-        assert [im.tobytes() for im in images] == [im.tobytes() for im in dataset["images"][k]]
+        assert [im.tobytes() for im in images] == [load_image(im).tobytes() for im in dataset[k]["images"]]
 
 
 def test_a_saved_qwen_vl_processor_loads_back_without_torchvision(tmp_path):
@@ -67,7 +68,7 @@ def test_a_saved_qwen_vl_processor_loads_back_without_torchvision(tmp_path):
     loaded = load_processor(str(tmp_path))
     message = {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}
     text = original.apply_chat_template([message], tokenize=False, add_generation_prompt=True)
-    image = mixed_rows()["images"][0][0]
+    image = load_image(mixed_rows()[0]["images"][0])
     a, b = (p(text=[text], images=[[image]], return_tensors="pt") for p in (original, loaded))
     assert type(loaded).__name__ == "Qwen2_5_VLProcessor"
     assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["pixel_values"], b["pixel_values"])
@@ -80,7 +81,7 @@ def test_the_trackers_get_the_images_as_their_own_image_cells(tracker):
     backend = pytest.importorskip(tracker)
     from replayrl.metrics.trackers import _frame
 
-    images = mixed_rows()["images"]
+    images = [[load_image(im) for im in row["images"]] for row in mixed_rows()]
     frame = _frame({"prompt": ["a", "b", "c"], "image": [images[1], [], images[0]]}, backend)
     cells = list(frame["image"])
     assert [len(c) for c in cells] == [2, 0, 1]
