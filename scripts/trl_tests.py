@@ -69,13 +69,20 @@ EXTRA_TOKENS = {"llama": ["<|finetune_right_pad_id|>"]}  # pad token TRL's Llama
 # Stand-ins whose tokenizer keeps the hub Qwen tokenizer's ids (`qwen_tokenizer`): TRL's tests feed these models
 # fixed Qwen token ids through a mocked `generate` (EOS 151645, pad 151643, tool calls), and rely on a vocabulary of
 # 151k ids (random weights: EOS within 8 tokens is unlikely).
-# TRL's vision-language test models -> `replayrl.models.tiny_vlm` stand-ins (model + processor). The Qwen-VL
-# processors reload through AutoProcessor only with torchvision (their video processor), which this CPU lacks.
+# TRL's vision-language test models -> `replayrl.models.tiny_vlm` stand-ins (model + processor). Without torchvision
+# the Qwen-VL processors load without their video processor (`replayrl.models.processors.load_processor`; the shim
+# routes TRL's own `AutoProcessor.from_pretrained` calls there).
 VLM_MODELS = {
     "tiny-Qwen2VLForConditionalGeneration": "qwen2_vl",
     "tiny-Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+    "tiny-Qwen3VLForConditionalGeneration": "qwen3_vl",
+    "tiny-Qwen3_5ForConditionalGeneration-NoThink": "qwen3_5",
+    "tiny-Qwen3_5MoeForConditionalGeneration-3.6": "qwen3_5_moe",
     "tiny-LlavaForConditionalGeneration": "llava",
+    "tiny-LlavaNextForConditionalGeneration": "llava_next",
     "tiny-Gemma3ForConditionalGeneration": "gemma3",
+    "tiny-Idefics2ForConditionalGeneration": "idefics2",
+    "tiny-Idefics3ForConditionalGeneration": "idefics3",
 }
 QWEN_IDS = {"tiny-Qwen2ForCausalLM-2.5", "tiny-Qwen3MoeForCausalLM"}
 # The hub Qwen vocabulary's entries that TRL's tests hard-code, at their ids (each test spells out the text it means).

@@ -84,22 +84,69 @@ def _zen_columns(config_name: str, prompts: list[str]) -> dict[str, list]:
     raise FileNotFoundError(f"no local stand-in for trl-internal-testing/zen config {config_name!r}")
 
 
-def _zen_split(config_name: str, split: str) -> Dataset:
-    return Dataset.from_dict(_zen_columns(config_name, _SPLITS[split]))
+# `zen-multi-image`: where each prompt's images go among its text ("i" an image part, "t" the text), as TRL's rows
+# place them (0 to 3 images a row; rows without an image mix text-only examples into the batches).
+MULTI_IMAGE_LAYOUT = ["it", "ti", "iti", "iit", "it", "ti", "iti", "t", "tii", "iiti", "it", "ti", "itii", "t", "ti",
+                      "tit", "it", "ti", "t"]  # fmt: skip
+
+
+def _random_images(count: int, rng) -> list:
+    """`count` RGB images of random pixels, 32-63 pixels a side (as TRL's `zen-image` rows)."""
+    from PIL import Image
+
+    sizes = rng.integers(32, 64, size=(count, 2))
+    return [Image.fromarray(rng.integers(0, 256, size=(h, w, 3), dtype="uint8")) for h, w in sizes]
+
+
+def _with_images(columns: dict[str, list], config_name: str, split: str, multi: bool) -> dict[str, list]:
+    """`zen-image` (one image a row) / `zen-multi-image` (0-3 images a row, placed by `MULTI_IMAGE_LAYOUT` in the
+    first user message) columns: the `zen` columns plus an `images` column of random images."""
+    import zlib
+
+    import numpy as np
+
+    rng = np.random.default_rng(zlib.crc32(f"{config_name}/{split}/{multi}".encode()))
+    offset = 0 if split == "train" else len(_SPLITS["train"])
+    n = len(next(iter(columns.values())))
+    layouts = [MULTI_IMAGE_LAYOUT[offset + i] if multi else "it" for i in range(n)]
+    if multi:
+        key = "messages" if "messages" in columns else "prompt"
+        if not config_name.startswith("conversational_"):
+            raise FileNotFoundError(f"no local stand-in for trl-internal-testing/zen-multi-image {config_name!r}")
+        columns[key] = [_place_images(row, layout) for row, layout in zip(columns[key], layouts, strict=True)]
+    columns["images"] = [_random_images(layout.count("i"), rng) for layout in layouts]
+    return columns
+
+
+def _place_images(messages: list[dict], layout: str) -> list[dict]:
+    """The first user message's text as typed parts, with image parts where `layout` puts them."""
+    text = messages[0]["content"]
+    halves = [text[: len(text) // 2], text[len(text) // 2 :]] if layout.count("t") == 2 else [text]
+    parts = [{"type": "image", "text": None} if c == "i" else {"type": "text", "text": halves.pop(0)} for c in layout]
+    typed = [{"role": m["role"], "content": [{"type": "text", "text": m["content"]}]} for m in messages[1:]]
+    return [{"role": messages[0]["role"], "content": parts}, *typed]
+
+
+def _dataset_split(path: str, config_name: str, split: str) -> Dataset:
+    columns = _zen_columns(config_name, _SPLITS[split])
+    if path != "trl-internal-testing/zen":
+        columns = _with_images(columns, config_name, split, multi=path.endswith("multi-image"))
+    return Dataset.from_dict(columns)
 
 
 def local_dataset(path: str, name: str | None = None, split: str | None = None, streaming: bool = False, **kwargs):
-    """`datasets.load_dataset` for TRL's test datasets, served locally (same columns, PEP 20 prompts)."""
-    if path != "trl-internal-testing/zen":
-        raise FileNotFoundError(f"no local stand-in for the hub dataset {path!r} (replayrl has no vision datasets)")
+    """`datasets.load_dataset` for TRL's test datasets, served locally (same columns, PEP 20 prompts; the image
+    datasets `zen-image` / `zen-multi-image` with random images)."""
+    if path not in [f"trl-internal-testing/zen{suffix}" for suffix in ("", "-image", "-multi-image")]:
+        raise FileNotFoundError(f"no local stand-in for the hub dataset {path!r}")
     first = re.fullmatch(r"(\w+)\[:(\d+)\]", split or "")  # "train[:2]": the first rows of a split
     if first:
-        dataset = _zen_split(name, first.group(1)).select(range(int(first.group(2))))
+        dataset = _dataset_split(path, name, first.group(1)).select(range(int(first.group(2))))
         return dataset.to_iterable_dataset() if streaming else dataset
     if split is None:
-        out = DatasetDict({s: _zen_split(name, s) for s in _SPLITS})
+        out = DatasetDict({s: _dataset_split(path, name, s) for s in _SPLITS})
         return out if not streaming else {s: d.to_iterable_dataset() for s, d in out.items()}
-    dataset = _zen_split(name, split)
+    dataset = _dataset_split(path, name, split)
     return dataset.to_iterable_dataset() if streaming else dataset
 
 
@@ -254,3 +301,33 @@ def zero_grad_as_in_2023(monkeypatch):
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _processors_without_torchvision() -> None:
+    """TRL's tests load processors with `AutoProcessor.from_pretrained`; where torchvision is missing (no CPU build
+    for this torch), a Qwen-VL processor fails on its video part. Route those calls through replayrl's
+    `load_processor`, which loads the same processor without it (images only), as replayrl's trainers do."""
+    from transformers import AutoProcessor
+    from transformers.utils import is_torchvision_available
+
+    if is_torchvision_available():
+        return
+
+    try:
+        from replayrl.models.processors import load_without_video, video_processor_missing
+    except ImportError:  # an older replayrl (a "before" count): its processors load as it can
+        return
+    original = AutoProcessor.from_pretrained
+
+    def from_pretrained(name, *args, **kwargs):
+        try:
+            return original(name, *args, **kwargs)
+        except (ImportError, ValueError, OSError) as err:
+            if not video_processor_missing(err):
+                raise
+            return load_without_video(name, reason=str(err), **kwargs)
+
+    AutoProcessor.from_pretrained = staticmethod(from_pretrained)
+
+
+_processors_without_torchvision()

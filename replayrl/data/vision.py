@@ -103,6 +103,17 @@ def text_tokenizer(processing_class):
     return getattr(processing_class, "tokenizer", processing_class)
 
 
+def text_processing_class(processing_class):
+    """What text-only rows are tokenised with: a processor's tokenizer (called on text alone, a processor would take
+    the text for images), carrying the processor's chat template when it has none; a tokenizer as it is."""
+    if not is_processor(processing_class):
+        return processing_class
+    tokenizer = processing_class.tokenizer
+    if not getattr(tokenizer, "chat_template", None) and getattr(processing_class, "chat_template", None):
+        tokenizer.chat_template = processing_class.chat_template
+    return tokenizer
+
+
 def is_processor(processing_class) -> bool:
     return hasattr(processing_class, "image_processor")
 
@@ -154,11 +165,12 @@ class VisionInputs:
         per-token tensors laid out as ``(N, P + completion_width)``."""
         rows = [self.items[k] for k in self.row_item.tolist()]
         out: dict[str, Tensor] = {}
-        for key in rows[0]:
+        keys = dict.fromkeys(key for row in rows for key in row)  # rows without images (text among them) lack some
+        for key in keys:
             if key in TOKEN_KEYS:
-                out[key] = _token_field([r[key] for r in rows], prompt_mask, completion_width)
+                out[key] = _token_field([r.get(key) for r in rows], prompt_mask, completion_width)
             else:
-                out[key] = torch.cat([r[key] for r in rows])
+                out[key] = torch.cat([r[key] for r in rows if key in r])
         return out
 
     def state_dict(self) -> dict:
@@ -169,12 +181,14 @@ class VisionInputs:
         return cls(list(state["items"]), state["row_item"])
 
 
-def _token_field(values: list[Tensor], prompt_mask: Tensor, completion_width: int) -> Tensor:
+def _token_field(values: list[Tensor | None], prompt_mask: Tensor, completion_width: int) -> Tensor:
     n, width = prompt_mask.shape
-    out = torch.zeros((n, width + completion_width), dtype=values[0].dtype, device=prompt_mask.device)
+    dtype = next(v for v in values if v is not None).dtype
+    out = torch.zeros((n, width + completion_width), dtype=dtype, device=prompt_mask.device)
     for i, value in enumerate(values):
-        real = prompt_mask[i].bool().nonzero().squeeze(1)
-        out[i, real] = value.to(out.device)
+        if value is not None:  # None: a row the processor gave no such field (0 everywhere)
+            real = prompt_mask[i].bool().nonzero().squeeze(1)
+            out[i, real] = value.to(out.device)
     return out
 
 
@@ -186,7 +200,8 @@ def encode_prompts(processor, texts: list[str], images: list[list], group_size: 
     tokenizer = text_tokenizer(processor)
     ids_list, items = [], []
     for g in range(len(texts) // group_size):
-        enc = processor(text=[texts[g * group_size]], images=images[g], return_tensors="pt", add_special_tokens=False)
+        group_images = {"images": images[g]} if images[g] else {}  # none: a text-only row among image rows
+        enc = processor(text=[texts[g * group_size]], return_tensors="pt", add_special_tokens=False, **group_images)
         ids = enc["input_ids"][0]
         if max_prompt_length is not None and len(ids) > max_prompt_length:
             raise ValueError(

@@ -1,11 +1,12 @@
 """SFT batches with images, as TRL 1.16's `DataCollatorForVisionLanguageModeling`: raw rows in, the processor run
 at collation time (images cannot be pre-tokenised into the dataset), labels out.
 
-Rows are conversational: a `messages` column (language modeling: every token trained) or `prompt` + `completion`
-columns (prompt-completion: with ``completion_only_loss``, only the completion's tokens). Each row's images (an
-`image` or `images` column) go first in its first user message (`prepare_multimodal_messages`). Labels are -100 on
-padding and on the image placeholder tokens (inputs, not predictions). ``max_length`` cuts rows from the right;
-a cut that would leave an image's tokens partly in the row is refused.
+Rows are conversational: a `messages` column (language modeling: every token trained, or with
+``assistant_only_loss`` only the assistant turns, as the chat template's ``{% generation %}`` marks say) or
+`prompt` + `completion` columns (prompt-completion: with ``completion_only_loss``, only the completion's tokens).
+Each row's images (an `image` or `images` column) go first in its first user message (`prepare_multimodal_messages`).
+Labels are -100 on padding and on the image placeholder tokens (inputs, not predictions). ``max_length`` cuts rows
+from the right; a cut that would leave an image's tokens partly in the row is refused.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ class VisionSFTCollator:
     inputs (``pixel_values``, ``image_grid_thw``, ...)."""
 
     def __init__(self, processor, image_token_ids: list[int], completion_only_loss: bool = True,
-                 max_length: int | None = None, pad_to_multiple_of: int | None = None):  # fmt: skip
+                 max_length: int | None = None, pad_to_multiple_of: int | None = None,
+                 assistant_only_loss: bool = False):  # fmt: skip
         self.processor = processor
+        self.assistant_only_loss = assistant_only_loss
         self.image_token_ids = torch.tensor(image_token_ids, dtype=torch.long)
         self.completion_only_loss = completion_only_loss
         self.max_length = max_length
@@ -37,9 +40,19 @@ class VisionSFTCollator:
         else:
             prompts = [prepare_multimodal_messages(r["prompt"], len(i)) for r, i in zip(rows, images)]
             full = [p + list(r["completion"]) for p, r in zip(prompts, rows)]
-        texts = [self.processor.apply_chat_template(m, tokenize=False) for m in full]
-        batch = self._encode(texts, images)
+        if self.assistant_only_loss and prompts is not None:
+            raise ValueError(
+                "assistant_only_loss=True is only supported for conversational language modeling rows ('messages'); "
+                "these rows are prompt-completion: use completion_only_loss instead."
+            )
+        assistant = None
+        if self.assistant_only_loss:
+            batch, assistant = self._encode_with_assistant_masks(full, images)
+        else:
+            batch = self._encode([self.processor.apply_chat_template(m, tokenize=False) for m in full], images)
         labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, IGNORE_INDEX)
+        if assistant is not None:
+            labels = labels.masked_fill(assistant == 0, IGNORE_INDEX)
         labels = labels.masked_fill(torch.isin(labels, self.image_token_ids), IGNORE_INDEX)
         if prompts is not None and self.completion_only_loss:
             texts = [self.processor.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
@@ -54,6 +67,25 @@ class VisionSFTCollator:
         padding = dict(padding=True, padding_side="right", pad_to_multiple_of=self.pad_to_multiple_of)
         enc = self.processor(text=texts, return_tensors="pt", add_special_tokens=False, **padding, **kwargs)
         return {k: v for k, v in enc.items() if isinstance(v, Tensor)}
+
+    def _encode_with_assistant_masks(self, conversations: list, images: list[list]) -> tuple[dict, Tensor]:
+        """The batch, rendered and processed by the processor's own `apply_chat_template`, and its assistant masks
+        ``(B, L)``: 1 on the tokens inside the template's ``{% generation %}`` marks, found after the processor
+        expanded the image placeholders (transformers >= 5.18, as TRL 1.16 requires)."""
+        kwargs = dict(padding=True, padding_side="right", pad_to_multiple_of=self.pad_to_multiple_of,
+                      add_special_tokens=False)  # fmt: skip
+        if any(images):
+            kwargs["images"] = images
+        out = self.processor.apply_chat_template(
+            conversations,
+            tokenize=True,
+            return_dict=True,
+            return_tensors="pt",
+            return_assistant_tokens_mask=True,
+            processor_kwargs=kwargs,
+        )
+        batch = {k: v for k, v in out.items() if isinstance(v, Tensor)}
+        return batch, torch.as_tensor(batch.pop("assistant_masks"))
 
     def _truncate(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         width = batch["input_ids"].shape[1]

@@ -4,6 +4,7 @@ from replayrl._lazy import lazy_exports
 
 _EXPORTS = {
     "DataCollatorForPreference": "replayrl.dpo.collator",
+    "DataCollatorForVisionPreference": "replayrl.dpo.collator",
     "DPOConfig": "replayrl.dpo.config",
     "DPOTrainer": "replayrl.dpo.trainer",
 }

@@ -7,6 +7,7 @@ trainer's signature into the config: `beta`, `max_length`, `max_prompt_length`, 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,6 +179,13 @@ class DPOConfig(TrainingArguments):
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        if self.truncation_mode == "keep_end":  # TRL 1.16's deprecation, in its words
+            warnings.warn(
+                "The `'keep_end'` truncation mode is deprecated and will be removed in v2.0.0. "
+                "Use `truncation_mode='keep_start'` (the default) instead.",
+                FutureWarning,
+                stacklevel=3,
+            )
         if self.sync_ref_model and (self.precompute_ref_log_probs or self.reference_free):
             raise ValueError(
                 "sync_ref_model=True updates the reference during training, which contradicts "

@@ -39,7 +39,7 @@ from replayrl.data.preference import (
 )
 from replayrl.data.prefix_sharing import PADDING, PREFIX, SIDES, SharedPrefixRows, share_prefixes_for
 from replayrl.data.streaming import column_names, is_streaming, map_options, prepare_streaming_training
-from replayrl.data.vision import any_images, text_tokenizer
+from replayrl.data.vision import any_images, text_processing_class, text_tokenizer
 from replayrl.data.vision_collator import vision_model_inputs
 from replayrl.dpo.config import DPOConfig
 from replayrl.dpo.sequence_logps import packed_sums, padded_sums, shared_sums
@@ -125,12 +125,13 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
         self.is_peft_model = is_peft_model(model)
         self._vision = any_images(train_dataset, eval_dataset)  # raw rows, collated by the processor
         if self._vision:
-            check_vision_dpo(args, processing_class)
+            check_vision_dpo(args, model, processing_class)
             data_collator = data_collator or vision_dpo_collator(model, processing_class, args)
         with PartialState().main_process_first():
             if not self._vision:
-                train_dataset = self._tokenize(train_dataset, "train_dataset", processing_class, args)
-                eval_dataset = self._tokenize(eval_dataset, "eval_dataset", processing_class, args)
+                text_class = text_processing_class(processing_class)  # a VLM's processor: its tokenizer
+                train_dataset = self._tokenize(train_dataset, "train_dataset", text_class, args)
+                eval_dataset = self._tokenize(eval_dataset, "eval_dataset", text_class, args)
         pad_id = args.padding_value if args.padding_value is not None else text_tokenizer(processing_class).pad_token_id
         if data_collator is None:
             data_collator = DPODataCollator(
@@ -253,7 +254,8 @@ class DPOTrainer(ReferenceModelMixin, RouterAuxLossMixin, OwnLossScalingMixin, S
         if eval_dataset is not None and not isinstance(eval_dataset, str):
             if self.args.precompute_ref_log_probs and _any_streaming(eval_dataset):
                 raise ValueError(PRECOMPUTE_STREAMING)
-            eval_dataset = self._tokenize(eval_dataset, "eval_dataset", self.processing_class, self.args)
+            eval_dataset = self._tokenize(eval_dataset, "eval_dataset", text_processing_class(self.processing_class),
+                                          self.args)  # fmt: skip
             if self.args.precompute_ref_log_probs and isinstance(eval_dataset, dict):
                 eval_dataset = {k: self._with_ref_columns(v) for k, v in eval_dataset.items()}
             elif self.args.precompute_ref_log_probs:

@@ -5,12 +5,21 @@ from __future__ import annotations
 
 from replayrl.data.vision import image_token_ids, is_processor, text_tokenizer
 from replayrl.data.vision_collator import VisionDPOCollator
+from replayrl.models.loading import check_vision_model
 
 # The raw columns the vision collator reads, and the precomputed reference log-probs.
 VISION_DPO_COLUMNS = ["prompt", "chosen", "rejected", "image", "images", "ref_chosen_logps", "ref_rejected_logps"]
 
 
-def check_vision_dpo(args, processing_class) -> None:
+def check_vision_dpo(args, model, processing_class) -> None:
+    """What DPO with images needs and refuses (TRL 1.16's rules, in its words where it has them)."""
+    check_vision_model(model)
+    if args.max_length is not None and args.truncation_mode == "keep_end":
+        raise ValueError(
+            "truncation_mode='keep_end' is not supported for vision-language models. Image tokens reside inside the "
+            "prompt portion of the sequence, which keep_end may drop. Use truncation_mode='keep_start' (the default) "
+            "or set max_length=None."
+        )
     if not is_processor(processing_class):
         raise ValueError(
             f"the dataset has an 'image'/'images' column but processing_class is a {type(processing_class).__name__}, "

@@ -133,7 +133,7 @@ class TRLParityArguments:
     )
     # Logging
     log_unique_prompts: bool = field(default=False, metadata=_help("Completions table: one row per unique prompt."))
-    log_multimodal: bool = field(default=True, metadata=_help("Log images of multimodal prompts (no images here)."))
+    log_multimodal: bool = field(default=True, metadata=_help("Log the prompt images with log_completions."))
     log_completions_hub_repo: str | None = field(default=None, metadata=_help("Hub upload of completions (refused)."))
 
 

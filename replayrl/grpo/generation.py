@@ -13,7 +13,13 @@ from torch import Tensor
 
 from replayrl import algos
 from replayrl.data.prompts import tokenize_prompts
-from replayrl.data.vision import VisionInputs, encode_prompts, prepare_multimodal_messages, row_images
+from replayrl.data.vision import (
+    VisionInputs,
+    encode_prompts,
+    prepare_multimodal_messages,
+    row_images,
+    text_tokenizer,
+)
 from replayrl.grpo.rollout import fit_width
 from replayrl.models.sharding import gathered_parameters, generation_context
 
@@ -45,19 +51,12 @@ class Generated:
 
 def prompt_images(inputs: list[dict], prompts: list, group_size: int) -> tuple[list, list[list] | None]:
     """The prompts with one image placeholder per image (TRL's `prepare_multimodal_messages`) and the images of
-    each group of ``group_size`` rows (loaded as PIL RGB), or the prompts unchanged and None when no row has
-    images. Every row of a group shares its prompt (the sampler repeats it), so images are loaded once per group."""
-    if not any(x.get("image") is not None or x.get("images") is not None for x in inputs):
+    each group of ``group_size`` rows (loaded as PIL RGB; an empty list for a row without images, which trains as
+    text among the others, as TRL), or the prompts unchanged and None when no row has images. Every row of a group
+    shares its prompt (the sampler repeats it), so images are loaded once per group."""
+    if not any(x.get("image") is not None or x.get("images") for x in inputs):
         return prompts, None
-    images = []
-    for g in range(len(inputs) // group_size):
-        group = row_images(inputs[g * group_size])
-        if group is None:
-            raise ValueError(
-                "some rows of the batch have images and some have none; replayrl trains a VLM on rows that all carry "
-                "an 'image' (or non-empty 'images') column: split the dataset, or give every row its image."
-            )
-        images.append(group)
+    images = [row_images(inputs[g * group_size]) or [] for g in range(len(inputs) // group_size)]
     prompts = [prepare_multimodal_messages(p, len(images[i // group_size])) for i, p in enumerate(prompts)]
     return prompts, images
 
@@ -70,8 +69,8 @@ def generate_batch(
     with the generation backend (+ tool calls)."""
     device, vision = trainer.accelerator.device, None
     if images is None:
-        prompt_ids, prompt_mask = tokenize_prompts(
-            trainer.processing_class, texts, trainer.args.max_prompt_length, add_special_tokens
+        prompt_ids, prompt_mask = tokenize_prompts(  # a processor's tokenizer: text rows only here
+            text_tokenizer(trainer.processing_class), texts, trainer.args.max_prompt_length, add_special_tokens
         )
     else:
         prompt_ids, prompt_mask, vision = encode_prompts(

@@ -55,9 +55,15 @@ def format_table(rows: list[dict]) -> str:
     extra = [k for k in rows[0] if k not in ("prompt", "completion")]
     lines = [f"{'prompt':<40} | {'completion':<40} | " + " | ".join(extra)]
     for row in rows:
-        values = " | ".join(f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k]) for k in extra)
+        values = " | ".join(_cell(k, row[k]) for k in extra)
         lines.append(f"{str(row['prompt'])[-40:]!r:<40} | {str(row['completion'])[:40]!r:<40} | {values}")
     return "\n".join(lines)
+
+
+def _cell(column: str, value) -> str:
+    if column == "image":  # a row's images, printed as their sizes
+        return "[" + ", ".join(f"{im.width}x{im.height}" for im in value or []) + "]"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
 class GRPOMetricsMixin:
@@ -172,9 +178,10 @@ class GRPOMetricsMixin:
         pending.clear()
         return local
 
-    def _record_completions(self, mode, prompts, completions, rewards, advantages, per_func) -> None:
+    def _record_completions(self, mode, prompts, completions, rewards, advantages, per_func, images=None) -> None:
         """After scoring: reward-function metrics into ``_metrics``; with ``log_completions`` the completions table
-        (this process's rows in ``_last_completions``, every process's in TRL's ``_logs``)."""
+        (this process's rows in ``_last_completions``, every process's in TRL's ``_logs``). ``images``: the prompt
+        images of each group (`prompt_images`), shown in an ``image`` column with ``log_multimodal`` (as TRL)."""
         self._flush_reward_metrics(mode)
         extras = self._flush_extra_columns(len(completions))
         if not self.args.log_completions:
@@ -183,6 +190,10 @@ class GRPOMetricsMixin:
         table["advantage"] = advantages.tolist()
         for i, name in enumerate(self.reward_funcs.names):
             table[name] = per_func[:, i].tolist()
+        if images is not None and getattr(self.args, "log_multimodal", True):
+            group = len(completions) // len(images)
+            table["image"] = [images[i // group] for i in range(len(completions))]
+            self._completion_logs()["images"].extend(gather_object(table["image"]))
         self._last_completions = {**table, **extras}
         logs = self._completion_logs()
         for key in ("prompt", "completion"):
@@ -195,7 +206,7 @@ class GRPOMetricsMixin:
 
     def _completion_logs(self) -> dict:
         """TRL's ``_logs``: the last generation batch of every process (prompt, completion, rewards per function,
-        advantages, extra columns; images stay empty, the trainer is text-only)."""
+        advantages, extra columns, and the images of image prompts)."""
         if "_logs" not in self.__dict__:
             size = self.accelerator.num_processes * self.args.per_device_train_batch_size
             size *= self.args.steps_per_generation

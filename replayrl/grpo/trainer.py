@@ -306,7 +306,7 @@ class GRPOTrainer(
         all_per_func = self.accelerator.gather(per_func)
         rewards, advantages, all_rewards = self._advantages(all_per_func, len(inputs), mode)
         self._log_generation_metrics(mode, all_per_func, all_rewards, completion_mask, prompt_mask, truncated)
-        self._record_completions(mode, texts, texts_out, rewards, advantages, per_func)
+        self._record_completions(mode, texts, texts_out, rewards, advantages, per_func, images)
 
         n = len(inputs)
         rollout = Rollout(

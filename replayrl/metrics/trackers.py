@@ -5,8 +5,9 @@ the rest, with `train/` or `eval/` prefixes. Two things are added here:
 - the end-of-run summary (`train_runtime`, `train_loss`, ...): transformers' `TrackioCallback` drops it, so
   `TrackerSummaryCallback` logs it to trackio itself, with `train/global_step` as every trackio row has;
 - the completions table of `log_completions` (GRPO and the trainers built on it): as a `trackio.Table` and a
-  `wandb.Table` under `completions` (as TRL; with `train/global_step`, the step axis transformers gives both), and
-  to TensorBoard, which has no tables, as a markdown table in a text summary under `completions` (one per log).
+  `wandb.Table` under `completions` (as TRL; with `train/global_step`, the step axis transformers gives both; the
+  prompt images of a VLM run in an `image` column of `trackio.Image` / `wandb.Image`), and to TensorBoard, which
+  has no tables, as a markdown table in a text summary under `completions` (one per log; images as their sizes).
 
 Trackers are optional extras (`pip install 'replayrl[trackers]'`), imported only where used.
 """
@@ -42,6 +43,8 @@ def markdown_table(table: dict[str, list]) -> str:
     """The table as markdown (TensorBoard renders it); `|` and newlines in cells are escaped."""
 
     def cell(value: Any) -> str:
+        if isinstance(value, list) and value and hasattr(value[0], "width"):  # a row's images: their sizes
+            value = ", ".join(f"image {im.width}x{im.height}" for im in value)
         text = f"{value:.4g}" if isinstance(value, float) else str(value)
         return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", "<br>")
 
@@ -63,16 +66,24 @@ def log_completions_table(trainer: Any, table: dict[str, list]) -> None:
                 callback.tb_writer.flush()
     if not (reports_to(args, "trackio") or reports_to(args, "wandb")):
         return
-    import pandas as pd
-
-    frame = pd.DataFrame(table)
     if reports_to(args, "trackio"):
         import trackio
 
         if trackio.context_vars.current_run.get() is not None:
+            frame = _frame(table, trackio)
             trackio.log({"completions": trackio.Table(dataframe=frame), "train/global_step": step})
     if reports_to(args, "wandb"):
         import wandb
 
         if wandb.run is not None:
-            wandb.log({"completions": wandb.Table(dataframe=frame), "train/global_step": step})
+            wandb.log({"completions": wandb.Table(dataframe=_frame(table, wandb)), "train/global_step": step})
+
+
+def _frame(table: dict[str, list], backend: Any):
+    """The table as a pandas DataFrame; an ``image`` column (each row's PIL images) as the tracker's own images
+    (``backend.Image``), as TRL logs them."""
+    import pandas as pd
+
+    if "image" in table:
+        table = {**table, "image": [[backend.Image(im) for im in images or []] for images in table["image"]]}
+    return pd.DataFrame(table)

@@ -39,7 +39,13 @@ FUSED_HEAD_MODEL_TYPES = frozenset(
         # vision-language models whose logits are their lm_head's of the language model's last hidden states
         "qwen2_vl",
         "qwen2_5_vl",
+        "qwen3_vl",
+        "qwen3_5",
+        "qwen3_5_moe",
         "llava",
+        "llava_next",
+        "idefics2",
+        "idefics3",
     }
 )
 

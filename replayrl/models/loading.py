@@ -117,6 +117,16 @@ def is_vision_language(model: str | PreTrainedModel, **remote: Any) -> bool:
     return getattr(config, "model_type", None) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 
+def check_vision_model(model: str | PreTrainedModel, **remote: Any) -> None:
+    """TRL 1.16's refusal, in its words, of a dataset with images for a model that is not a vision-language one."""
+    if not is_vision_language(model, **remote):
+        raise ValueError(
+            "The dataset appears to be vision-related (contains 'image' or 'images' keys), but the provided model "
+            f"({model_id(model) or type(model).__name__}) does not seem to be a vision-language model. Please check "
+            "your model and dataset: pass an image-text-to-text model, or a dataset without images."
+        )
+
+
 def load_tokenizer(
     processing_class,
     model: str | PreTrainedModel,
@@ -135,11 +145,11 @@ def load_tokenizer(
                 "processing_class=<its tokenizer>."
             )
         try:
-            auto = AutoTokenizer
+            load = AutoTokenizer.from_pretrained
             remote = {k: v for k, v in tokenizer_kwargs.items() if k == "trust_remote_code"}
             if is_vision_language(model, **remote):  # as TRL 1.16: a VLM's processor (images + text)
-                from transformers import AutoProcessor as auto
-            processing_class = auto.from_pretrained(name, **tokenizer_kwargs)
+                from replayrl.models.processors import load_processor as load
+            processing_class = load(name, **tokenizer_kwargs)
         except (OSError, ValueError) as err:
             raise ValueError(
                 f"Could not load the tokenizer of {name!r} ({err}). Pass processing_class=<its tokenizer>, or a "

@@ -1,11 +1,15 @@
 """Offline tiny vision-language stand-ins (random weights) with a locally made processor, for tests, examples and the
-built-in VLM job: Qwen2-VL, Qwen2.5-VL, LLaVA and Gemma 3, each the real transformers class built from a config.
+built-in VLM job: Qwen2-VL, Qwen2.5-VL, LLaVA and Gemma 3 (`FAMILIES`), LLaVA-NeXT and Qwen3-VL (`MORE_FAMILIES`),
+each the real transformers class built from a config.
 
 The tokenizer is `replayrl.models.tiny`'s character-level one plus the family's image special tokens, with a chat
 template that renders TRL's multimodal messages (``{"type": "image"}`` / ``{"type": "text", ...}`` parts) the way
 the family's own template does. The processors use the PIL image processors (no torchvision: see
-docs/vlm.md) and leave out the video part. Images are small: 56x56 for the Qwen families (4 image tokens),
-28x28 for LLaVA and Gemma 3 (4 image tokens).
+docs/vlm.md) and leave out the video part. Images are small: 56x56 for Qwen2-VL / Qwen2.5-VL and 64x64 for
+Qwen3-VL (4 image tokens each), 28x28 for LLaVA and Gemma 3 (4 image tokens), and LLaVA-NeXT's any-resolution
+tiles of 28x28 (a base view and one tile: 4 + 6 tokens). LLaVA and LLaVA-NeXT take their features from the vision
+tower's second-to-last layer (``vision_feature_layer=-2``, as the published checkpoints and TRL's test models), so
+its last layer and post-layernorm get no gradient.
 """
 
 from __future__ import annotations
@@ -15,36 +19,63 @@ from typing import Literal
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from replayrl.models.processors import without_video
 from replayrl.models.tiny import build_tokenizer
 
-Family = Literal["qwen2_vl", "qwen2_5_vl", "llava", "gemma3"]
+Family = Literal["qwen2_vl", "qwen2_5_vl", "llava", "gemma3", "llava_next", "qwen3_vl", "qwen3_5", "qwen3_5_moe",
+                 "idefics2", "idefics3"]  # fmt: skip
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "llava", "gemma3")
+MORE_FAMILIES: tuple[str, ...] = ("llava_next", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "idefics2", "idefics3")
+# Idefics3 (SmolVLM's architecture; SmolVLM's own processor needs the num2words package): an image expands to
+# <fake_token_around_image><global-img><image>...<fake_token_around_image>; split images' row/column tokens too.
+_IDEFICS_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"] + [
+    f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)
+]
+_QWEN = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe")
+_QWEN_MARKUP = "<|vision_start|><|image_pad|><|vision_end|>"
+_QWEN_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
 
 # What one {"type": "image"} part renders to in each family's chat template (the processor expands it).
 _IMAGE_MARKUP = {
     "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "qwen3_vl": _QWEN_MARKUP,
+    "qwen3_5": _QWEN_MARKUP,
+    "qwen3_5_moe": _QWEN_MARKUP,
     "llava": "<image>",
+    "llava_next": "<image>",
     "gemma3": "<start_of_image>",
+    "idefics2": "<image>",
+    "idefics3": "<image>",
 }
 _IMAGE_TOKENS = {
     "qwen2_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"],
     "qwen2_5_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"],
+    "qwen3_vl": _QWEN_TOKENS,
+    "qwen3_5": _QWEN_TOKENS,
+    "qwen3_5_moe": _QWEN_TOKENS,
     "llava": ["<image>"],
+    "llava_next": ["<image>"],
     "gemma3": ["<start_of_image>", "<image_soft_token>", "<end_of_image>"],
+    "idefics2": _IDEFICS_TOKENS[:3],
+    "idefics3": _IDEFICS_TOKENS,
 }
-IMAGE_SIZE = {"qwen2_vl": 56, "qwen2_5_vl": 56, "llava": 28, "gemma3": 28}
+IMAGE_SIZE = {"qwen2_vl": 56, "qwen2_5_vl": 56, "qwen3_vl": 64, "qwen3_5": 64, "qwen3_5_moe": 64, "llava": 28,
+              "llava_next": 28, "gemma3": 28, "idefics2": 28, "idefics3": 28}  # fmt: skip
 
 
 def _chat_template(image_markup: str) -> str:
-    """ChatML over string or multimodal-list contents (the tiny tokenizer's template, extended)."""
+    """ChatML over string or multimodal-list contents (the tiny tokenizer's template, extended), with
+    ``{% generation %}`` marks around each assistant turn (its text and ``<|im_end|>``) for assistant-only loss."""
     return (
-        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
-        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
-        "{% for part in message['content'] %}"
+        "{% macro render(content) %}{% if content is string %}{{ content }}{% else %}"
+        "{% for part in content %}"
         f"{{% if part['type'] == 'image' %}}{{{{ '{image_markup}' }}}}"
-        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
-        "{{ '<|im_end|>' + '\n' }}{% endfor %}"
+        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}{% endmacro %}"
+        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+        "{% if message['role'] == 'assistant' %}"
+        "{% generation %}{{ render(message['content']) }}{{ '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
+        "{% else %}{{ render(message['content']) }}{{ '<|im_end|>' + '\n' }}{% endif %}{% endfor %}"
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
     )
 
@@ -74,22 +105,26 @@ def build_tiny_processor(family: Family):
     tokenizer = build_vlm_tokenizer(family)
     template = tokenizer.chat_template
     size = IMAGE_SIZE[family]
-    if family in ("qwen2_vl", "qwen2_5_vl"):
+    if family in _QWEN:
         image_processor = _pil_image_processor("Qwen2VL")(
-            size={"shortest_edge": size * size, "longest_edge": size * size}, patch_size=14, merge_size=2
+            size={"shortest_edge": size * size, "longest_edge": size * size}, patch_size=size // 4, merge_size=2
         )
-        if family == "qwen2_vl":
-            from transformers import Qwen2VLProcessor as cls
-        else:
-            from transformers import Qwen2_5_VLProcessor as cls
-        return _without_video(cls)(image_processor=image_processor, tokenizer=tokenizer, chat_template=template)
-    if family == "llava":
-        from transformers import LlavaProcessor
+        import transformers
 
-        image_processor = _pil_image_processor("Llava")(
-            size={"shortest_edge": size}, crop_size={"height": size, "width": size}
-        )
-        return LlavaProcessor(
+        names = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}  # Qwen3-VL's for the others
+        cls = getattr(transformers, names.get(family, "Qwen3VLProcessor"))
+        return without_video(cls)(image_processor=image_processor, tokenizer=tokenizer, chat_template=template)
+    if family in ("llava", "llava_next"):
+        from transformers import LlavaNextProcessor, LlavaProcessor
+
+        crop = {"height": size, "width": size}
+        if family == "llava":
+            image_processor = _pil_image_processor("Llava")(size={"shortest_edge": size}, crop_size=crop)
+        else:  # any resolution: the image resized to its best grid of 28x28 tiles ([28, 56]: two), plus a base view
+            image_processor = _pil_image_processor("LlavaNext")(
+                size={"shortest_edge": size}, crop_size=crop, image_grid_pinpoints=[[size, 2 * size]]
+            )
+        return (LlavaProcessor if family == "llava" else LlavaNextProcessor)(
             image_processor=image_processor,
             tokenizer=tokenizer,
             patch_size=14,
@@ -97,26 +132,27 @@ def build_tiny_processor(family: Family):
             num_additional_image_tokens=1,  # CLIP's CLS, dropped by the "default" strategy
             chat_template=template,
         )
+    if family == "idefics2":  # one 28x28 view per image, resampled to 4 latents (4 image tokens)
+        from transformers import Idefics2Processor
+
+        image_processor = _pil_image_processor("Idefics2")(
+            do_image_splitting=False, size={"shortest_edge": size, "longest_edge": size}
+        )
+        return Idefics2Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4,
+                                 chat_template=template)  # fmt: skip
+    if family == "idefics3":  # one 28x28 view per image (no splitting): 1 image token after the pixel shuffle
+        from transformers import Idefics3Processor
+
+        image_processor = _pil_image_processor("Idefics3")(
+            do_image_splitting=False, size={"longest_edge": size}, max_image_size={"longest_edge": size}
+        )
+        return Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=1,
+                                 chat_template=template)  # fmt: skip
     from transformers import Gemma3Processor
 
     image_processor = _pil_image_processor("Gemma3")(size={"height": size, "width": size})
     return Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer, chat_template=template,
                            image_seq_length=4)  # fmt: skip
-
-
-def _without_video(cls):
-    """`cls` (a Qwen-VL processor) with no video processor: transformers' video processors need torchvision, which
-    has no CPU build for this torch (docs/vlm.md); images need only the image processor and the tokenizer."""
-
-    class ImageOnly(cls):
-        video_processor = None
-
-        @classmethod
-        def get_attributes(cls):
-            return ["image_processor", "tokenizer"]
-
-    ImageOnly.__name__ = ImageOnly.__qualname__ = cls.__name__
-    return ImageOnly
 
 
 def _text_kwargs(tokenizer, hidden_size: int, num_layers: int) -> dict:
@@ -164,17 +200,67 @@ def _config(family: Family, tokenizer, hidden_size: int, num_layers: int):
             vision_end_token_id=ids("<|vision_end|>"),
             tie_word_embeddings=True,
         )
+    if family in ("qwen3_vl", "qwen3_5", "qwen3_5_moe"):
+        import transformers
+
+        rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden_size,
+                      patch_size=16, num_position_embeddings=16)  # fmt: skip
+        text = {**text, "head_dim": hidden_size // 4, "rope_parameters": rope}
+        if family == "qwen3_vl":
+            vision["deepstack_visual_indexes"] = [0]
+        else:  # Qwen3.5: gated delta-net (linear attention) layers before a full-attention one; the MoE variant
+            rope["partial_rotary_factor"] = 1.0
+            text.update(layer_types=["linear_attention"] * (num_layers - 1) + ["full_attention"],
+                        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+                        linear_num_value_heads=4)  # fmt: skip
+        if family == "qwen3_5_moe":
+            text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        shared_expert_intermediate_size=32)  # fmt: skip
+        names = {"qwen3_vl": "Qwen3VLConfig", "qwen3_5": "Qwen3_5Config", "qwen3_5_moe": "Qwen3_5MoeConfig"}
+        cls = getattr(transformers, names[family])
+        return cls(
+            text_config=text,
+            vision_config=vision,
+            image_token_id=ids("<|image_pad|>"),
+            video_token_id=ids("<|video_pad|>"),
+            vision_start_token_id=ids("<|vision_start|>"),
+            vision_end_token_id=ids("<|vision_end|>"),
+            tie_word_embeddings=True,
+        )
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                   image_size=IMAGE_SIZE[family], patch_size=14)  # fmt: skip
-    if family == "llava":
-        from transformers import LlavaConfig
+    if family in ("llava", "llava_next"):
+        from transformers import LlavaConfig, LlavaNextConfig
 
-        return LlavaConfig(
-            vision_config={"model_type": "clip_vision_model", **vision},
+        common = dict(vision_config={"model_type": "clip_vision_model", **vision},
+                      text_config={"model_type": "llama", **text}, vision_feature_select_strategy="default",
+                      vision_feature_layer=-2, tie_word_embeddings=True)  # fmt: skip
+        if family == "llava":
+            return LlavaConfig(image_token_id=ids("<image>"), **common)
+        size = IMAGE_SIZE[family]
+        return LlavaNextConfig(image_token_index=ids("<image>"), image_grid_pinpoints=[[size, 2 * size]],
+                               image_seq_length=4, **common)  # fmt: skip
+    if family == "idefics2":
+        from transformers import Idefics2Config
+
+        perceiver = dict(hidden_size=hidden_size, resampler_n_latents=4, resampler_depth=1, resampler_n_heads=2,
+                         resampler_head_dim=16, num_key_value_heads=1)  # fmt: skip
+        return Idefics2Config(
+            vision_config={**vision, "num_hidden_layers": 1},
+            perceiver_config=perceiver,
+            text_config={"model_type": "mistral", **text},
+            image_token_id=ids("<image>"),
+            tie_word_embeddings=True,
+        )
+    if family == "idefics3":
+        from transformers import Idefics3Config
+
+        return Idefics3Config(
+            vision_config={**vision, "num_hidden_layers": 1},
             text_config={"model_type": "llama", **text},
             image_token_id=ids("<image>"),
-            vision_feature_select_strategy="default",
-            vision_feature_layer=-1,
+            scale_factor=2,
             tie_word_embeddings=True,
         )
     from transformers import Gemma3Config
@@ -182,7 +268,7 @@ def _config(family: Family, tokenizer, hidden_size: int, num_layers: int):
     text = {**text, "head_dim": 16, "sliding_window": 64, "query_pre_attn_scalar": 16}
     return Gemma3Config(
         text_config=text,
-        vision_config={"model_type": "siglip_vision_model", **vision},
+        vision_config={"model_type": "siglip_vision_model", "vision_use_head": False, **vision},
         mm_tokens_per_image=4,
         boi_token_index=ids("<start_of_image>"),
         eoi_token_index=ids("<end_of_image>"),
@@ -209,5 +295,5 @@ def build_tiny_vlm(family: Family, seed: int = 0, hidden_size: int = 64, num_lay
 
 
 def _check_family(family: str) -> None:
-    if family not in FAMILIES:
-        raise ValueError(f"family={family!r} is not a tiny VLM stand-in: use one of {FAMILIES}.")
+    if family not in FAMILIES + MORE_FAMILIES:
+        raise ValueError(f"family={family!r} is not a tiny VLM stand-in: use one of {FAMILIES + MORE_FAMILIES}.")

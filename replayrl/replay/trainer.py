@@ -104,6 +104,8 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
         completions = decode(ids, skip_special_tokens=True)
         for column in ("prompt", "completion", "reward", *self.reward_funcs.names):
             table[column] = list(table[column])  # copies: the lists may be the caller's
+        if "image" in table:  # the buffer keeps a replayed group's pixels, not its images: none shown
+            table["image"] = [[] if flag else images for flag, images in zip(replayed, table["image"])]
         for k, i in enumerate(rows):
             table["prompt"][i], table["completion"][i] = prompts[k], completions[k]
             table["reward"][i] = float(rollout.rewards[i])

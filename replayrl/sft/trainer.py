@@ -38,7 +38,7 @@ from replayrl.data.sft import (
     resolve_eos_token_id,
 )
 from replayrl.data.streaming import first_row, is_streaming, prepare_streaming_training
-from replayrl.data.vision import text_tokenizer
+from replayrl.data.vision import text_processing_class, text_tokenizer
 from replayrl.metrics.callback import attach_metrics_file
 from replayrl.models.lm_head import forward_to_head
 from replayrl.models.loading import (
@@ -113,7 +113,7 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         processing_class = self._resolve_tokenizer(processing_class, tokenizer, model, args)
         self._vision = is_vision_sft(train_dataset, eval_dataset)  # images: raw rows, collated by the processor
         if self._vision:
-            check_vision_sft(args, processing_class, formatting_func)
+            check_vision_sft(args, model, processing_class, formatting_func)
         set_seed(args.seed)  # as TRL: a model or PEFT adapter built here is reproducible by the seed
         model = load_model(model, args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
         if args.eos_token is not None:
@@ -129,12 +129,13 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         self._init_router_aux(model, args.router_aux_loss_coef)
         self._eos_token_id = resolve_eos_token_id(text_tokenizer(processing_class), args.eos_token)
         self._formatting_func = formatting_func
-        train_dataset = self._prepare(train_dataset, processing_class, args, formatting_func, args.packing)
-        eval_dataset = self._prepare_eval(eval_dataset, processing_class, args, formatting_func)
+        text_class = processing_class if self._vision else text_processing_class(processing_class)  # text rows
+        train_dataset = self._prepare(train_dataset, text_class, args, formatting_func, args.packing)
+        eval_dataset = self._prepare_eval(eval_dataset, text_class, args, formatting_func)
         if data_collator is None and self._vision:
             data_collator = vision_collator(model, processing_class, args)
         if data_collator is None:
-            data_collator = self._default_collator(model, processing_class, args)
+            data_collator = self._default_collator(model, text_class, args)
         super().__init__(
             model=model,
             args=args,
@@ -300,7 +301,8 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         """As Trainer.evaluate; a dataset passed here is prepared (formatted, tokenised, packed per eval_packing)
         like the constructor's eval_dataset (a str names one of those)."""
         if eval_dataset is not None and not isinstance(eval_dataset, str):
-            eval_dataset = self._prepare_eval(eval_dataset, self.processing_class, self.args, self._formatting_func)
+            text_class = self.processing_class if self._vision else text_processing_class(self.processing_class)
+            eval_dataset = self._prepare_eval(eval_dataset, text_class, self.args, self._formatting_func)
         return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
 
     def _prepare_eval(self, eval_dataset, tokenizer, args: SFTConfig, formatting_func):

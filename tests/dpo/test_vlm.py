@@ -3,7 +3,9 @@ precomputed reference log-probs and the first step's policy log-probs equal the 
 
 import pytest
 import torch
+import transformers
 from datasets import Dataset
+from packaging.version import Version
 
 from replayrl import DPOConfig, DPOTrainer
 from replayrl.data.vision import prepare_multimodal_messages
@@ -65,3 +67,36 @@ def test_dpo_with_images_refuses_a_tokenizer(tmp_path):
     with pytest.raises(ValueError, match="not a processor that handles images"):
         DPOTrainer(model=build_tiny_vlm("llava"), args=args, train_dataset=pairs("llava"),
                    processing_class=build_tokenizer())  # fmt: skip
+
+
+def test_dpo_with_images_refuses_keep_end_and_a_text_model_in_trls_words(tmp_path):
+    from replayrl.models.tiny import build_tiny_model, build_tokenizer
+
+    dataset, processor = pairs("qwen2_vl", 2), build_tiny_processor("qwen2_vl")
+    with pytest.warns(FutureWarning, match="keep_end.*deprecated"):  # TRL 1.16's deprecation
+        keep_end = DPOConfig(output_dir=str(tmp_path / "o"), max_length=32, truncation_mode="keep_end", **QUIET_CPU_RUN)
+    with pytest.raises(ValueError, match="truncation_mode='keep_end' is not supported for vision-language models"):
+        DPOTrainer(model=build_tiny_vlm("qwen2_vl"), args=keep_end, train_dataset=dataset, processing_class=processor)
+    text_model = build_tiny_model(build_tokenizer(), hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
+    args = DPOConfig(output_dir=str(tmp_path / "out"), max_steps=1, **QUIET_CPU_RUN)
+    with pytest.raises(ValueError, match="vision-related.*not seem to be a vision-language model"):
+        DPOTrainer(model=text_model, args=args, train_dataset=dataset, processing_class=processor)
+
+
+def test_trls_vision_preference_collator_lays_out_chosen_then_rejected_rows():
+    """`replayrl.dpo.DataCollatorForVisionPreference` (TRL 1.16's name): every prompt + chosen row, then every prompt +
+    rejected row; `completion_mask` marks exactly the completion text; the per-token `mm_token_type_ids` has the
+    rows' shape, 1 on the image tokens only; the pixels of each prompt come once per side."""
+    from replayrl.dpo import DataCollatorForVisionPreference
+
+    family = "qwen2_5_vl"
+    processor, dataset = build_tiny_processor(family), pairs(family, 2)
+    batch = DataCollatorForVisionPreference(processor)([dataset[0], dataset[1]])
+    assert batch["input_ids"].shape[0] == 4
+    if Version(transformers.__version__) >= Version("5.3.0"):  # processors return mm_token_type_ids from 5.3 on
+        assert batch["mm_token_type_ids"].shape == batch["input_ids"].shape
+        assert torch.equal(batch["mm_token_type_ids"].bool(), batch["input_ids"] == processor.image_token_id)
+    decode = processor.tokenizer.decode
+    texts = [decode(ids[mask.bool()]) for ids, mask in zip(batch["input_ids"], batch["completion_mask"])]
+    assert texts == ["R.<|im_end|>\n", "G.<|im_end|>\n", "I cannot see.<|im_end|>\n", "I cannot see.<|im_end|>\n"]
+    assert batch["image_grid_thw"].shape[0] == 4  # two prompts' images, once for chosen and once for rejected
