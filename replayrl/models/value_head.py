@@ -139,16 +139,22 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         return reward_scores(self, input_ids, attention_mask, ppo_adapter_name, **kwargs)
 
     def save_pretrained(self, save_directory, **kwargs) -> None:
-        """The language model's folder with the head added under ``v_head.*`` (PEFT: adapter + head file)."""
+        """The language model's folder with the head added under ``v_head.*`` (PEFT: adapter + head file).
+        A ``state_dict`` in `state_dict`'s layout (e.g. whole tensors gathered from ZeRO-3 partitions) is written
+        instead of the model's own, its ``v_head.*`` entries as the head."""
         from safetensors.torch import save_file
 
-        head = {HEAD_PREFIX + k: v.detach().contiguous().cpu() for k, v in self.v_head.state_dict().items()}
-        if self.is_peft_model:
-            self.pretrained_model.save_pretrained(save_directory, **kwargs)
+        given = kwargs.pop("state_dict", None)
+        state_dict = self.state_dict() if given is None else given
+        head = {k: v.detach().contiguous().cpu() for k, v in state_dict.items() if k.startswith(HEAD_PREFIX)}
+        base = {k: v for k, v in state_dict.items() if not k.startswith(HEAD_PREFIX)}
+        if self.is_peft_model:  # PEFT picks the adapter's entries out of a given state dict
+            self.pretrained_model.save_pretrained(
+                save_directory, **kwargs, **({} if given is None else {"state_dict": base})
+            )
             save_file(head, str(Path(save_directory) / PEFT_HEAD_FILE), metadata={"format": "pt"})
             return
-        state_dict = kwargs.pop("state_dict", None) or self.pretrained_model.state_dict()
-        self.pretrained_model.save_pretrained(save_directory, state_dict={**state_dict, **head}, **kwargs)
+        self.pretrained_model.save_pretrained(save_directory, state_dict={**base, **head}, **kwargs)
 
     # ------------------------------------------------------------------------------------------ model API
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
@@ -169,6 +175,11 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
     @property
     def config(self):
         return self.pretrained_model.config
+
+    @property
+    def _no_split_modules(self):
+        """The language model's decoder-layer classes: FSDP's transformer auto-wrap shards one unit per layer."""
+        return getattr(self.pretrained_model, "_no_split_modules", None)
 
     @property
     def device(self) -> torch.device:

@@ -57,6 +57,18 @@ def grpo_peft(out: str) -> dict:
     return grpo_step(out, peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
 
 
+def grpo_reward_model(out: str) -> dict:
+    """GRPO scored by a reward model (a sequence classifier): under ZeRO-3 a partitioned inference engine."""
+    from replayrl.models.tiny import build_tiny_sequence_classifier, build_tokenizer
+    from tests.grpo.distributed_worker import grpo_step
+
+    classifier = build_tiny_sequence_classifier(build_tokenizer(), seed=3, **REWARD_MODEL)
+    return grpo_step(out, reward_model=classifier)
+
+
+REWARD_MODEL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
+
+
 def rloo(out: str) -> dict:
     from tests.rloo.distributed_worker import run
 
@@ -81,9 +93,47 @@ def distillation(out: str) -> dict:
     return run(out)
 
 
-WORKERS = {
-    f.__name__: f for f in (dpo, dpo_sync_ref, reward, grpo, grpo_no_gather, grpo_peft, rloo, kto, sft, distillation)
-}
+def ppo(out: str) -> dict:
+    """PPOTrainer (its own Accelerator and loop): one step, 2 Adam steps, mini-batches of different lengths."""
+    from tests.ppo.dist_step import run
+
+    return run(out)
+
+
+def ppo_accumulate(out: str) -> dict:
+    """PPOTrainer accumulating 2 mini-batches per optimizer step (DeepSpeed: PPO's boundary, not accelerate's)."""
+    from tests.ppo.dist_step import run
+
+    return run(out, gradient_accumulation_steps=2, equal_lengths=True)
+
+
+def ppo_resume(out: str) -> dict:
+    from tests.ppo.dist_resume import run
+
+    return run(out)
+
+
+def sft_resume(out: str) -> dict:
+    from tests.distributed.resume import run
+
+    return run("sft", out)
+
+
+def dpo_resume(out: str) -> dict:
+    from tests.distributed.resume import run
+
+    return run("dpo", out)
+
+
+def rloo_resume(out: str) -> dict:
+    from tests.distributed.resume import run
+
+    return run("rloo", out)
+
+
+TRAINERS = (dpo, dpo_sync_ref, reward, grpo, grpo_no_gather, grpo_peft, grpo_reward_model, rloo, kto, sft, distillation)
+RESUMES = (sft_resume, dpo_resume, rloo_resume, ppo_resume)
+WORKERS = {f.__name__: f for f in (*TRAINERS, ppo, ppo_accumulate, *RESUMES)}
 
 
 def main(out: str, names: list[str]) -> None:
