@@ -65,6 +65,7 @@ def run(name: str, out: str) -> dict:
 
     build = BUILDERS[name]
     first = build(out, 4)
+    initial = full_params(first.model)
     first.add_callback(StopAfter(2))  # interrupted after checkpoint-2 (the same schedule as the 4-step runs)
     first.train()
     resumed = build(out, 4)
@@ -83,6 +84,7 @@ def run(name: str, out: str) -> dict:
         "straight_logs": logs(straight),
         "resumed": full_params(resumed.accelerator.unwrap_model(resumed.model)),
         "straight": full_params(straight.accelerator.unwrap_model(straight.model)),
+        "initial": initial,
         "sharding": sharding_report(resumed.model),
         "checkpoint": sorted(str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*")),
     }

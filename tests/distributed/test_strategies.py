@@ -286,14 +286,15 @@ def test_ppo(launched, tmp_path):
 def test_ppo_gradient_accumulation(launched, tmp_path):
     """gradient_accumulation_steps=2 (2-row mini-batches of equal length on each process): one optimizer step per
     2 mini-batches, at PPO's boundary (DeepSpeed's engine told by `set_gradient_accumulation_boundary`), so the
-    update equals one process taking all 8 rows at once."""
+    update equals one process taking all 8 rows at once. SGD (lr 1): Adam would turn the rounding noise of
+    near-zero gradients (summed in another order) into lr-sized moves."""
     from tests.ppo.dist_step import run
 
     strategy, results = launched
     two = results["ppo_accumulate"]
     if strategy in DEEPSPEED:
         assert two["optimizer_steps"] == 2  # not 4: the first mini-batch of each epoch only accumulates
-    check_ppo_step(two, run(str(tmp_path), equal_lengths=True))
+    check_ppo_step(two, run(str(tmp_path), equal_lengths=True, sgd=True))
 
 
 @pytest.mark.slow
@@ -338,9 +339,9 @@ def test_resume_under_zero3_is_exact(launched, name):
         assert a.keys() == b.keys()
         for key in a:
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), (a["step"], key)
-    assert resumed[0]["loss"] != resumed[-1]["loss"]  # it trained
     for a, b in zip(result["resumed"], result["straight"], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert not all(torch.equal(a, b) for a, b in zip(result["initial"], result["resumed"], strict=True))  # trained
     files = result["checkpoint"]
     assert {"replayrl_complete.json", "replayrl_state_rank0.json", "replayrl_state_rank1.json"} <= set(files), files
     assert sum(f.startswith("global_step2/") and f.endswith("optim_states.pt") for f in files) == 2, files

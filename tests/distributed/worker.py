@@ -104,7 +104,7 @@ def ppo_accumulate(out: str) -> dict:
     """PPOTrainer accumulating 2 mini-batches per optimizer step (DeepSpeed: PPO's boundary, not accelerate's)."""
     from tests.ppo.dist_step import run
 
-    return run(out, gradient_accumulation_steps=2, equal_lengths=True)
+    return run(out, gradient_accumulation_steps=2, equal_lengths=True, sgd=True)
 
 
 def ppo_resume(out: str) -> dict:

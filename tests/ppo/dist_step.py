@@ -46,9 +46,11 @@ def samples(equal_lengths: bool) -> tuple[list, list, list]:
     return queries, responses, torch.rand(N, generator=g).tolist()
 
 
-def run(out: str, gradient_accumulation_steps: int = 1, equal_lengths: bool = False) -> dict:
-    """One `PPOTrainer.step` (2 PPO epochs: 2 Adam steps) on this process's share of the 8 samples, in
-    mini-batches of ``share / gradient_accumulation_steps`` rows. Returns the whole parameters (gathered), the
+def run(out: str, gradient_accumulation_steps: int = 1, equal_lengths: bool = False, sgd: bool = False) -> dict:
+    """One `PPOTrainer.step` (2 PPO epochs: 2 optimizer steps; Adam, or with ``sgd`` SGD at lr 1, whose update is
+    linear in the gradient: Adam turns the rounding noise of a near-zero gradient, which a different summation
+    order changes, into lr-sized moves) on this process's share of the 8 samples, in mini-batches of
+    ``share / gradient_accumulation_steps`` rows. Returns the whole parameters (gathered), the
     losses, how the policy and the reference are held, DeepSpeed's optimizer step count, and completions sampled
     with ``ds3_gather_for_generation`` True and False."""
     from accelerate.state import AcceleratorState
@@ -74,7 +76,8 @@ def run(out: str, gradient_accumulation_steps: int = 1, equal_lengths: bool = Fa
     mini = per // gradient_accumulation_steps
     config = PPOConfig(batch_size=per, mini_batch_size=mini, gradient_accumulation_steps=gradient_accumulation_steps,
                        **settings)  # fmt: skip
-    trainer = PPOTrainer(config, model, None, tokenizer)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0) if sgd else None
+    trainer = PPOTrainer(config, model, None, tokenizer, optimizer=optimizer)
     assert trainer.accelerator.num_processes == world
     rows = slice(rank * per, (rank + 1) * per)
     stats = trainer.step(queries[rows], responses[rows], scores[rows])
