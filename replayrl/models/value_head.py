@@ -176,6 +176,14 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
     def config(self):
         return self.pretrained_model.config
 
+    def get_parameter_or_buffer(self, target: str) -> torch.Tensor:
+        """transformers' lookup, by a key of `state_dict` (TRL v0.7.1's layout: the language model's keys and
+        ``v_head.*``): accelerate's FSDP2 preparation looks the model's tensors up this way."""
+        head = target.startswith(HEAD_PREFIX)
+        module, name = (self.v_head, target.removeprefix(HEAD_PREFIX)) if head else (self.pretrained_model, target)
+        owner, _, leaf = name.rpartition(".")
+        return getattr(module.get_submodule(owner), leaf)
+
     @property
     def _no_split_modules(self):
         """The language model's decoder-layer classes: FSDP's transformer auto-wrap shards one unit per layer."""
@@ -202,6 +210,11 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
 
     def generate(self, *args, **kwargs):
         return self.pretrained_model.generate(*args, **kwargs)
+
+    def tie_weights(self, *args, **kwargs):
+        """The language model's: accelerate's FSDP2 preparation re-ties tied embeddings after moving the model to
+        the meta device and after loading the sharded weights (without it the head becomes a separate copy)."""
+        return self.pretrained_model.tie_weights(*args, **kwargs)
 
     def gradient_checkpointing_enable(self, **kwargs) -> None:
         self.pretrained_model.gradient_checkpointing_enable(**kwargs)

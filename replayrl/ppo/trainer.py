@@ -32,12 +32,12 @@ from replayrl.algos import ppo as F
 from replayrl.generation.hf import sampling_mode
 from replayrl.metrics import METRICS_FILE, MetricsFile
 from replayrl.models.prompt_learning import refuse_prompt_learning
-from replayrl.models.sharding import needs_synced_gpus, prepare_frozen_model, unwrap_for_generation, zero_stage
+from replayrl.models.sharding import needs_synced_gpus, prepare_frozen_model, zero_stage
 from replayrl.ppo.batch import PPOBatch, batch_to, batched_forward, build_batch, forward
 from replayrl.ppo.config import PPOConfig
-from replayrl.ppo.deepspeed import configure_deepspeed, engine_backward, is_deepspeed
 from replayrl.ppo.seed_methods import PPOSeedMethodsMixin
 from replayrl.ppo.seq2seq_batch import pad_right
+from replayrl.ppo.sharding import configure_deepspeed, engine_backward, generation_context, is_deepspeed
 from replayrl.ppo.stats import gather_stats, log_stats_record, step_stats
 
 ROLLOUT_KEYS = ("logprobs", "values", "advantages", "returns")
@@ -205,8 +205,8 @@ class PPOTrainer(PPOSeedMethodsMixin):
 
     def unwrap_for_generation(self):
         """The policy to sample from: under ZeRO-3 with ``ds3_gather_for_generation`` its parameters gathered for
-        the block (`replayrl.models.sharding.unwrap_for_generation`), otherwise the unwrapped model as it is."""
-        return unwrap_for_generation(self.model, self.accelerator, self.config.ds3_gather_for_generation)
+        the block, under FSDP2 the wrapper's own group unsharded (`replayrl.ppo.sharding.generation_context`)."""
+        return generation_context(self.model, self.accelerator, self.config.ds3_gather_for_generation)
 
     def _generate_batched(self, model, queries, length_sampler, batch_size, return_prompt, kwargs) -> list[Tensor]:
         outputs, pad, eos = [], self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
@@ -400,7 +400,7 @@ class PPOTrainer(PPOSeedMethodsMixin):
         Accelerator of the process (two trainers with different settings would disturb each other); the factor
         cancels the division `accelerator.backward` applies with that shared setting.
         """
-        if self.is_deepspeed:  # the engine accumulates, clips and steps itself (replayrl.ppo.deepspeed)
+        if self.is_deepspeed:  # the engine accumulates, clips and steps itself (replayrl.ppo.sharding)
             return engine_backward(self.model, loss, self.config.gradient_accumulation_steps, sync)
         shared_steps = self.accelerator.gradient_accumulation_steps
         self.accelerator.backward(loss * shared_steps / self.config.gradient_accumulation_steps)

@@ -1,4 +1,4 @@
-"""`PPOTrainer` under DeepSpeed ZeRO-2 / ZeRO-3 (`docs/distributed.md`).
+"""`PPOTrainer` under DeepSpeed ZeRO-2 / ZeRO-3 and FSDP2 (`docs/distributed.md`).
 
 PPO runs its own loop on its own `Accelerator`, so what transformers' Trainer does for its users is done here:
 
@@ -12,13 +12,20 @@ PPO runs its own loop on its own `Accelerator`, so what transformers' Trainer do
   mini-batches), not accelerate's ``sync_gradients`` (always True outside `Accelerator.accumulate`).
 - **Under ZeRO-3** the reference is a partitioned inference engine (`replayrl.models.sharding.prepare_frozen_model`),
   and layers shared with the policy (``num_shared_layers``) are refused: they would be partitioned by both engines.
+- **Generation** (`generation_context`): under ZeRO-3 the policy's weights are gathered once per call
+  (``ds3_gather_for_generation``); under FSDP2 the value-head wrapper's own group (what no decoder-layer unit holds:
+  embeddings, final norm, head) is unsharded for the call, because `generate` runs the language model inside the
+  wrapper, never the wrapper's forward, whose hook would gather it.
 """
 
 from __future__ import annotations
 
-from torch import Tensor
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from replayrl.models.sharding import zero_stage
+from torch import Tensor, nn
+
+from replayrl.models.sharding import unwrap_for_generation, zero_stage
 
 
 def is_deepspeed(accelerator) -> bool:
@@ -60,3 +67,19 @@ def engine_backward(engine, loss: Tensor, gradient_accumulation_steps: int, sync
     engine.backward(loss / gradient_accumulation_steps, scale_wrt_gas=False)
     if sync:
         engine.step()
+
+
+@contextmanager
+def generation_context(model_wrapped, accelerator, gather_zero3: bool) -> Iterator[nn.Module]:
+    """The policy to call `generate` on (see the module docstring)."""
+    with unwrap_for_generation(model_wrapped, accelerator, gather_zero3) as model:
+        from torch.distributed.fsdp import FSDPModule
+
+        if not isinstance(model, FSDPModule):
+            yield model
+            return
+        model.unshard()
+        try:
+            yield model
+        finally:
+            model.reshard()
