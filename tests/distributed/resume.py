@@ -1,7 +1,8 @@
 """Exact resume under the launched strategy for the transformers-Trainer trainers (tests/distributed/worker.py):
-a 4-step run stopped after checkpoint-2, a new trainer resumed from it to step 4, and the same 4 steps without the
-interruption. AdamW (its moments are in the checkpoint: DeepSpeed's own partitions under ZeRO), a learning rate
-that moves the weights, every trainer's own data and settings from its "2 processes == 1" worker."""
+a 4-step run that writes checkpoint-2 on its way, and a new trainer resumed from that checkpoint to step 4 (what a
+run stopped after checkpoint-2 resumes from, without training its first 2 steps twice). AdamW (its moments are in
+the checkpoint: DeepSpeed's own partitions under ZeRO), a learning rate that moves the weights, every trainer's own
+data and settings from its "2 processes == 1" worker."""
 
 from __future__ import annotations
 
@@ -60,26 +61,22 @@ BUILDERS = {"sft": sft, "dpo": dpo, "rloo": rloo}
 
 
 def run(name: str, out: str) -> dict:
-    """Every process: the three runs; returns their logged metrics, whole parameters and the checkpoint's files."""
-    from tests.grpo.fsdp_worker import StopAfter
-
+    """Every process: a 4-step run that saves checkpoint-2 on its way, and a new trainer (in another output_dir)
+    resumed from that checkpoint to step 4; returns their logged metrics, whole parameters, the parameters before
+    training and the checkpoint's files."""
     build = BUILDERS[name]
-    first = build(out, 4)
-    initial = full_params(first.model)
-    first.add_callback(StopAfter(2))  # interrupted after checkpoint-2 (the same schedule as the 4-step runs)
-    first.train()
-    resumed = build(out, 4)
-    resumed.train(resume_from_checkpoint=True)
     straight = build(os.path.join(out, "straight"), 4)
+    initial = full_params(straight.model)
     straight.train()
+    checkpoint = Path(out) / "straight" / "checkpoint-2"
+    resumed = build(os.path.join(out, "resumed"), 4)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
 
     def logs(trainer) -> list[dict]:
         return [{k: v for k, v in h.items() if not k.startswith("timing/")} for h in trainer.state.log_history
                 if "loss" in h]  # fmt: skip
 
-    checkpoint = Path(out) / "checkpoint-2"
     return {
-        "first_steps": first.state.global_step,
         "resumed_logs": logs(resumed),
         "straight_logs": logs(straight),
         "resumed": full_params(resumed.accelerator.unwrap_model(resumed.model)),

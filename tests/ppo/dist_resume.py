@@ -1,5 +1,6 @@
-"""Helper for tests/distributed: `PPOTrainer.train()` under the launched strategy, 4 steps uninterrupted, and 2 steps
-(checkpoint-2) then a new trainer resumed to step 4. Returns what the test compares (from every process)."""
+"""Helper for tests/distributed: `PPOTrainer.train()` under the launched strategy, 4 steps writing checkpoint-2 on
+the way, and a new trainer (another output_dir) resumed from that checkpoint to step 4. Returns what the test
+compares (from every process)."""
 
 from __future__ import annotations
 
@@ -44,18 +45,16 @@ def run(out: str) -> dict:
 
     unset_hf_deepspeed_config()  # an earlier ZeRO-3 Trainer of the worker would build the tiny model partitioned
     out, gen = Path(out), {"generation_kwargs": {"max_new_tokens": 4}}
-    full = trainer_for(out / "full", steps=4)
+    full = trainer_for(out / "full", steps=4, save_steps=2)  # checkpoint-2 on its way
     full.train([letters], **gen)
-    first = trainer_for(out / "split", steps=2, save_steps=2)
-    first.train([letters], **gen)
-    resumed = trainer_for(out / "split", steps=4)
-    resumed.train([letters], resume_from_checkpoint=True, **gen)
+    resumed = trainer_for(out / "resumed", steps=4)
+    resumed.train([letters], resume_from_checkpoint=str(out / "full" / "checkpoint-2"), **gen)
     result = {
         "full": full_params(full.accelerator.unwrap_model(full.model)),
         "resumed": full_params(resumed.accelerator.unwrap_model(resumed.model)),
         "kl": (full.kl_ctl.value, resumed.kl_ctl.value),
-        "metrics": (read_metrics(out / "full" / "metrics.jsonl"), read_metrics(out / "split" / "metrics.jsonl")),
-        "checkpoint": sorted(str(p.relative_to(out)) for p in (out / "split" / "checkpoint-2").rglob("*")),
+        "metrics": (read_metrics(out / "full" / "metrics.jsonl"), read_metrics(out / "resumed" / "metrics.jsonl")),
+        "checkpoint": sorted(str(p.relative_to(out)) for p in (out / "full" / "checkpoint-2").rglob("*")),
     }
     AcceleratorState._reset_state()
     return result
