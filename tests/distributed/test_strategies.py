@@ -29,7 +29,8 @@ def launched(request, tmp_path_factory) -> tuple[str, dict]:
     if strategy in DEEPSPEED:
         pytest.importorskip("deepspeed", reason="DeepSpeed runs need `pip install replayrl[deepspeed]`")
     resumes = {"sft_resume", "dpo_resume", "rloo_resume", "ppo_resume"}  # ZeRO-3 only, for time
-    skip = {"zero2": {"grpo_no_gather", *resumes}, "zero3": set(), "fsdp2": {"grpo_no_gather", *resumes}}
+    refused = {"ppo_checkpoints_refused"}  # FSDP2 only
+    skip = {"zero2": {"grpo_no_gather", *resumes, *refused}, "zero3": refused, "fsdp2": {"grpo_no_gather", *resumes}}
     names = [n for n in WORKERS if n not in skip[strategy]]
     out = tmp_path_factory.mktemp(strategy)
     return strategy, launch_strategy(strategy, WORKER, out, PORTS[strategy], *names)
@@ -369,3 +370,13 @@ def test_grpo_with_a_reward_model(launched, tokenizer, tmp_path):
     for prompts, completions, scores in result["reward_model_scores"]:
         assert scores == pytest.approx(funcs._score_with_model(classifier, tokenizer, prompts, completions), rel=1e-5)
     check_grpo_step(result, tokenizer, tmp_path)
+
+
+@pytest.mark.slow
+def test_ppo_checkpoints_under_fsdp2_are_refused(launched):
+    strategy, results = launched
+    if strategy != "fsdp2":
+        pytest.skip("an FSDP2 refusal")
+    result = results["ppo_checkpoints_refused"]
+    assert result["error"] and "save_steps=1 under FSDP2" in result["error"] and "save_steps=None" in result["error"]
+    assert not result["metrics"]  # refused before the first step

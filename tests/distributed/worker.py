@@ -4,6 +4,7 @@ in turn (one process start and one DeepSpeed import for all) and saves {name: re
 
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -113,6 +114,18 @@ def ppo_resume(out: str) -> dict:
     return run(out)
 
 
+def ppo_checkpoints_refused(out: str) -> dict:
+    """FSDP2: PPOTrainer.train() with save_steps is refused before any step (sharded optimizer state)."""
+    from tests.ppo.dist_resume import letters, trainer_for
+
+    trainer = trainer_for(Path(out), steps=1, save_steps=1)
+    try:
+        trainer.train([letters])
+    except ValueError as err:
+        return {"error": str(err), "metrics": os.path.exists(os.path.join(out, "metrics.jsonl"))}
+    return {"error": None}
+
+
 def sft_resume(out: str) -> dict:
     from tests.distributed.resume import run
 
@@ -133,7 +146,7 @@ def rloo_resume(out: str) -> dict:
 
 TRAINERS = (dpo, dpo_sync_ref, reward, grpo, grpo_no_gather, grpo_peft, grpo_reward_model, rloo, kto, sft, distillation)
 RESUMES = (sft_resume, dpo_resume, rloo_resume, ppo_resume)
-WORKERS = {f.__name__: f for f in (*TRAINERS, ppo, ppo_accumulate, *RESUMES)}
+WORKERS = {f.__name__: f for f in (*TRAINERS, ppo, ppo_accumulate, ppo_checkpoints_refused, *RESUMES)}
 
 
 def main(out: str, names: list[str]) -> None:
