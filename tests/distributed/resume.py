@@ -57,7 +57,43 @@ def rloo(output_dir: str, max_steps: int):
                        train_dataset=prompt_dataset(16), processing_class=tok)  # fmt: skip
 
 
-BUILDERS = {"sft": sft, "dpo": dpo, "rloo": rloo}
+def kto(output_dir: str, max_steps: int):
+    """KTO: its reference point over both processes' rows, a reference model (partitioned under ZeRO-3)."""
+    from replayrl import KTOConfig, KTOTrainer
+    from replayrl.models.tiny import build_tiny_model, build_tokenizer
+    from replayrl.tasks.preferences import preference_datasets
+
+    tok = build_tokenizer()
+    args = KTOConfig(**common(output_dir, max_steps, per_device_train_batch_size=4, bf16=False))
+    return KTOTrainer(build_tiny_model(tok, **SMALL), args=args, train_dataset=preference_datasets(0, 1)[0],
+                      processing_class=tok)  # fmt: skip
+
+
+def reward(output_dir: str, max_steps: int):
+    from replayrl import RewardConfig, RewardTrainer
+    from replayrl.models.tiny import build_tiny_sequence_classifier, build_tokenizer
+    from replayrl.tasks.preferences import preference_datasets
+
+    tok = build_tokenizer()
+    data = preference_datasets(seed=0, per_problem=1, rejected="near_miss")[0].select(range(8))
+    args = RewardConfig(**common(output_dir, max_steps, per_device_train_batch_size=2))
+    model = build_tiny_sequence_classifier(tok, seed=0, **SMALL)
+    return RewardTrainer(model, args=args, train_dataset=data, processing_class=tok)
+
+
+def distillation(output_dir: str, max_steps: int):
+    """On-policy distillation: sampling, a partitioned teacher under ZeRO-3."""
+    from replayrl import DistillationConfig, DistillationTrainer
+    from replayrl.models.tiny import build_tiny_model, build_tokenizer, prompt_dataset
+
+    tok = build_tokenizer()
+    settings = dict(per_device_train_batch_size=4, beta=0.5, max_completion_length=6, bf16=False)
+    args = DistillationConfig(**common(output_dir, max_steps, **settings, gradient_checkpointing=False))
+    student, teacher = build_tiny_model(tok, seed=0, **SMALL), build_tiny_model(tok, seed=1, **SMALL)
+    return DistillationTrainer(student, teacher, args=args, train_dataset=prompt_dataset(16), processing_class=tok)
+
+
+BUILDERS = {"sft": sft, "dpo": dpo, "rloo": rloo, "kto": kto, "reward": reward, "distillation": distillation}
 
 
 def run(name: str, out: str) -> dict:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.distributed.launch import launch_strategy, strategy_flags
-from tests.distributed.worker import WORKERS
+from tests.distributed.worker import BY_HAND, WORKERS
 
 WORKER = Path(__file__).with_name("worker.py")
 PORTS = {"zero2": 29651, "zero3": 29653, "fsdp2": 29655}
@@ -31,7 +31,7 @@ def launched(request, tmp_path_factory) -> tuple[str, dict]:
     resumes = {"sft_resume", "dpo_resume", "rloo_resume", "ppo_resume"}  # ZeRO-3 only, for time
     refused = {"ppo_checkpoints_refused"}  # FSDP2 only
     skip = {"zero2": {"grpo_no_gather", *resumes, *refused}, "zero3": refused, "fsdp2": {"grpo_no_gather", *resumes}}
-    names = [n for n in WORKERS if n not in skip[strategy]]
+    names = [n for n in WORKERS if n not in skip[strategy] and WORKERS[n] not in BY_HAND]
     out = tmp_path_factory.mktemp(strategy)
     return strategy, launch_strategy(strategy, WORKER, out, PORTS[strategy], *names)
 

@@ -144,9 +144,28 @@ def rloo_resume(out: str) -> dict:
     return run("rloo", out)
 
 
+def kto_resume(out: str) -> dict:  # by hand: python tests/distributed/worker.py under ZeRO-3 (not in CI, for time)
+    from tests.distributed.resume import run
+
+    return run("kto", out)
+
+
+def reward_resume(out: str) -> dict:  # by hand
+    from tests.distributed.resume import run
+
+    return run("reward", out)
+
+
+def distillation_resume(out: str) -> dict:  # by hand
+    from tests.distributed.resume import run
+
+    return run("distillation", out)
+
+
 TRAINERS = (dpo, dpo_sync_ref, reward, grpo, grpo_no_gather, grpo_peft, grpo_reward_model, rloo, kto, sft, distillation)
 RESUMES = (sft_resume, dpo_resume, rloo_resume, ppo_resume)
-WORKERS = {f.__name__: f for f in (*TRAINERS, ppo, ppo_accumulate, ppo_checkpoints_refused, *RESUMES)}
+BY_HAND = (kto_resume, reward_resume, distillation_resume)  # not launched by test_strategies.py
+WORKERS = {f.__name__: f for f in (*TRAINERS, ppo, ppo_accumulate, ppo_checkpoints_refused, *RESUMES, *BY_HAND)}
 
 
 def main(out: str, names: list[str]) -> None:
