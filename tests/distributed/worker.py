@@ -144,7 +144,7 @@ def rloo_resume(out: str) -> dict:
     return run("rloo", out)
 
 
-def kto_resume(out: str) -> dict:  # by hand: python tests/distributed/worker.py under ZeRO-3 (not in CI, for time)
+def kto_resume(out: str) -> dict:  # by hand (not in CI, for time): see BY_HAND
     from tests.distributed.resume import run
 
     return run("kto", out)
@@ -164,7 +164,10 @@ def distillation_resume(out: str) -> dict:  # by hand
 
 TRAINERS = (dpo, dpo_sync_ref, reward, grpo, grpo_no_gather, grpo_peft, grpo_reward_model, rloo, kto, sft, distillation)
 RESUMES = (sft_resume, dpo_resume, rloo_resume, ppo_resume)
-BY_HAND = (kto_resume, reward_resume, distillation_resume)  # not launched by test_strategies.py
+# Not launched by test_strategies.py (time). By hand: results = tests.distributed.launch.launch_strategy("zero3",
+# WORKER, out, port, "kto_resume", "reward_resume", "distillation_resume"), then for each name
+# test_strategies.test_resume_under_zero3_is_exact(("zero3", results), name).
+BY_HAND = (kto_resume, reward_resume, distillation_resume)
 WORKERS = {f.__name__: f for f in (*TRAINERS, ppo, ppo_accumulate, ppo_checkpoints_refused, *RESUMES, *BY_HAND)}
 
 
