@@ -144,6 +144,12 @@ def rloo_resume(out: str) -> dict:
     return run("rloo", out)
 
 
+def ppo_lora(out: str) -> dict:  # by hand (not in CI, for time): see BY_HAND
+    from tests.ppo.dist_step import run
+
+    return run(out, lora=True)
+
+
 def kto_resume(out: str) -> dict:  # by hand (not in CI, for time): see BY_HAND
     from tests.distributed.resume import run
 
@@ -167,7 +173,7 @@ RESUMES = (sft_resume, dpo_resume, rloo_resume, ppo_resume)
 # Not launched by test_strategies.py (time). By hand: results = tests.distributed.launch.launch_strategy("zero3",
 # WORKER, out, port, "kto_resume", "reward_resume", "distillation_resume"), then for each name
 # test_strategies.test_resume_under_zero3_is_exact(("zero3", results), name).
-BY_HAND = (kto_resume, reward_resume, distillation_resume)
+BY_HAND = (kto_resume, reward_resume, distillation_resume, ppo_lora)
 WORKERS = {f.__name__: f for f in (*TRAINERS, ppo, ppo_accumulate, ppo_checkpoints_refused, *RESUMES, *BY_HAND)}
 
 

@@ -46,11 +46,13 @@ def samples(equal_lengths: bool) -> tuple[list, list, list]:
     return queries, responses, torch.rand(N, generator=g).tolist()
 
 
-def run(out: str, gradient_accumulation_steps: int = 1, equal_lengths: bool = False, sgd: bool = False) -> dict:
+def run(out: str, gradient_accumulation_steps: int = 1, equal_lengths: bool = False, sgd: bool = False,
+        lora: bool = False) -> dict:  # fmt: skip
     """One `PPOTrainer.step` (2 PPO epochs: 2 optimizer steps; Adam, or with ``sgd`` SGD at lr 1, whose update is
     linear in the gradient: Adam turns the rounding noise of a near-zero gradient, which a different summation
     order changes, into lr-sized moves) on this process's share of the 8 samples, in mini-batches of
-    ``share / gradient_accumulation_steps`` rows. Returns the whole parameters (gathered), the
+    ``share / gradient_accumulation_steps`` rows; with ``lora`` a LoRA adapter on the policy (the reference: the
+    adapter disabled). Returns the whole parameters (gathered), the
     losses, how the policy and the reference are held, DeepSpeed's optimizer step count, and completions sampled
     with ``ds3_gather_for_generation`` True and False."""
     from accelerate.state import AcceleratorState
@@ -67,7 +69,12 @@ def run(out: str, gradient_accumulation_steps: int = 1, equal_lengths: bool = Fa
     tokenizer = build_tokenizer()
     lm = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
     torch.manual_seed(0)
-    model = AutoModelForCausalLMWithValueHead.from_pretrained(lm)
+    peft_config = None
+    if lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(lm, peft_config=peft_config)
     queries, responses, scores = samples(equal_lengths)
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     print(f"rank {rank} of {world}", file=sys.stderr)
@@ -89,10 +96,10 @@ def run(out: str, gradient_accumulation_steps: int = 1, equal_lengths: bool = Fa
         "params": dict(zip(names, full_params(unwrapped))),
         "stats": {k: stats[k] for k in STAT_KEYS},
         "sharding": sharding_report(unwrapped),
-        "ref_sharding": sharding_report(trainer.ref_model),
+        "ref_sharding": None if trainer.ref_model is None else sharding_report(trainer.ref_model),
         "optimizer_steps": getattr(trainer.model, "global_steps", None),  # a DeepSpeed engine's count
         "completions": sample_both_ways(trainer, queries[rows][:2]),
-        "saved": load_file(f"{out}/saved/model.safetensors") if rank == 0 else None,
+        "saved": load_file(f"{out}/saved/model.safetensors") if rank == 0 and not lora else None,
     }
     trainer.accelerator.wait_for_everyone()
     return result
