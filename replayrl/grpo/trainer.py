@@ -54,7 +54,7 @@ from replayrl.models.loading import apply_peft, disable_dropout, load_model, loa
 from replayrl.models.peft_reference import add_reference_adapter, reference_adapter
 from replayrl.models.prompt_learning import refuse_prompt_learning
 from replayrl.models.reference import SyncRefModelCallback
-from replayrl.models.sharding import full_state_dict, load_full_state_dict, prepare_frozen_model
+from replayrl.models.sharding import full_state_dict, load_full_state_dict, prepare_frozen_model, prepare_reward_models
 from replayrl.rewards.functions import RewardFunctions
 
 logger = logging.getLogger(__name__)
@@ -187,8 +187,7 @@ class GRPOTrainer(
         self._generation_seconds = 0.0
         if self.ref_model is not None:
             self.ref_model = prepare_frozen_model(self.ref_model, self.accelerator)
-        for reward_model in self.reward_funcs.models():
-            reward_model.to(self.accelerator.device).eval()
+        self._reward_engines = prepare_reward_models(self.reward_funcs.models(), self.accelerator)
         attach_metrics_file(self)
         if args.sync_ref_model:
             if self.ref_model is None:

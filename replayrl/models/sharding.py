@@ -9,10 +9,10 @@ the forward of its module); under FSDP2 a parameter is a ``DTensor``. Three thin
   and each decoding step fetches them layer by layer. Either way, with sharded parameters every process must run
   the same number of forward passes, so `generate` gets ``synced_gpus=True`` (`needs_synced_gpus`; transformers
   turns it on by itself for ZeRO-3 but not for a model sharded by accelerate's FSDP2).
-- **Frozen models** (`prepare_frozen_model`): a reference, teacher or reward model is an inference engine, never
-  trained: under ZeRO-3 a DeepSpeed engine with the training config's stage-3 settings (its parameters
-  partitioned like the policy's, TRL's ``prepare_deepspeed``), otherwise accelerate's ``prepare_model`` in
-  evaluation mode (whole weights).
+- **Frozen models** (`prepare_frozen_model`, `prepare_reward_models`): a reference, teacher or reward model is an
+  inference engine, never trained: under ZeRO-3 a DeepSpeed engine with the training config's stage-3 settings (its
+  parameters partitioned like the policy's, TRL's ``prepare_deepspeed``), otherwise accelerate's ``prepare_model``
+  in evaluation mode (whole weights; reward models: moved to the device).
 - **Reading whole weights** (`gathered_parameters`): weight sync to vLLM, TR-DPO's reference sync and any other code
   that reads ``param.data`` outside a forward.
 """
@@ -49,7 +49,7 @@ def needs_synced_gpus(model: nn.Module) -> bool:
         return False
     if torch.distributed.get_world_size() < 2:
         return False
-    return any(is_zero3_param(p) or is_dtensor(p) for p in model.parameters())
+    return is_sharded(model)
 
 
 def _parameter_offload(engine):
@@ -129,6 +129,18 @@ def prepare_frozen_model(model: nn.Module, accelerator) -> nn.Module:
     return engine
 
 
+def prepare_reward_models(models: list[nn.Module], accelerator) -> list:
+    """Reward models (sequence classifiers called by `replayrl.rewards.RewardFunctions`), in evaluation mode on the
+    run's device; under ZeRO-3 each is partitioned by a DeepSpeed inference engine as TRL's GRPO does (the module
+    keeps ZeRO-3's hooks, so calling it as before gathers each layer's weights in its forward). Returns the engines,
+    which the trainer keeps."""
+    if zero_stage(accelerator) == 3:
+        return [prepare_frozen_model(model, accelerator) for model in models]
+    for model in models:
+        model.to(accelerator.device).eval()
+    return []
+
+
 def _inference_config(train_config: dict, model: nn.Module) -> dict:
     """The training config as a ZeRO-3 inference engine's: no optimizer, scheduler or batch sizes, the
     model-dependent "auto" bucket sizes filled as transformers fills them for the policy, other "auto" values left
@@ -154,25 +166,22 @@ def _drop_auto(config: dict) -> dict:
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """``model.state_dict()`` with whole tensors (CPU copies) on every process, also under ZeRO-3."""
+    """``model.state_dict()`` with whole tensors (CPU copies) on every process, also under ZeRO-3 and FSDP2 (a
+    collective: every process calls it)."""
     with gathered_parameters(model.parameters()):
-        return {name: tensor.detach().cpu().clone() for name, tensor in model.state_dict().items()}
+        return {name: _whole(tensor).detach().cpu().clone() for name, tensor in model.state_dict().items()}
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if is_dtensor(tensor) else tensor
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether any parameter of ``model`` is a ZeRO-3 partition or an FSDP2 ``DTensor``."""
+    return any(is_zero3_param(p) or is_dtensor(p) for p in model.parameters())
 
 
 def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load whole tensors (`full_state_dict`) into ``model``; under ZeRO-3 they are partitioned again on exit."""
     with gathered_parameters(model.parameters(), modifier_rank=0):
         model.load_state_dict(state)
-
-
-def refuse_deepspeed(accelerator, trainer: str) -> None:
-    """For a trainer with its own `Accelerator` (PPOTrainer) that does not run under DeepSpeed: refuse it before any
-    work. PPO under ZeRO-2 trained on 2 CPU processes but its update differed from one process's (max abs 3.5e-3
-    after 2 Adam steps: DeepSpeed steps inside `backward` and owns the loss scaling, PPO's loop does both itself);
-    under ZeRO-3 the value head and the rollouts read the policy's weights outside its forward."""
-    if getattr(accelerator.state, "deepspeed_plugin", None) is None:
-        return
-    raise ValueError(
-        f"{trainer} does not run under DeepSpeed (zero_stage: {zero_stage(accelerator)}): launch it with "
-        "examples/accelerate/ddp.yaml or fsdp2.yaml instead."
-    )

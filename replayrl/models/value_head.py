@@ -139,16 +139,22 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
         return reward_scores(self, input_ids, attention_mask, ppo_adapter_name, **kwargs)
 
     def save_pretrained(self, save_directory, **kwargs) -> None:
-        """The language model's folder with the head added under ``v_head.*`` (PEFT: adapter + head file)."""
+        """The language model's folder with the head added under ``v_head.*`` (PEFT: adapter + head file).
+        A ``state_dict`` in `state_dict`'s layout (e.g. whole tensors gathered from ZeRO-3 partitions) is written
+        instead of the model's own, its ``v_head.*`` entries as the head."""
         from safetensors.torch import save_file
 
-        head = {HEAD_PREFIX + k: v.detach().contiguous().cpu() for k, v in self.v_head.state_dict().items()}
-        if self.is_peft_model:
-            self.pretrained_model.save_pretrained(save_directory, **kwargs)
+        given = kwargs.pop("state_dict", None)
+        state_dict = self.state_dict() if given is None else given
+        head = {k: v.detach().contiguous().cpu() for k, v in state_dict.items() if k.startswith(HEAD_PREFIX)}
+        base = {k: v for k, v in state_dict.items() if not k.startswith(HEAD_PREFIX)}
+        if self.is_peft_model:  # PEFT picks the adapter's entries out of a given state dict
+            self.pretrained_model.save_pretrained(
+                save_directory, **kwargs, **({} if given is None else {"state_dict": base})
+            )
             save_file(head, str(Path(save_directory) / PEFT_HEAD_FILE), metadata={"format": "pt"})
             return
-        state_dict = kwargs.pop("state_dict", None) or self.pretrained_model.state_dict()
-        self.pretrained_model.save_pretrained(save_directory, state_dict={**state_dict, **head}, **kwargs)
+        self.pretrained_model.save_pretrained(save_directory, state_dict={**base, **head}, **kwargs)
 
     # ------------------------------------------------------------------------------------------ model API
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
@@ -169,6 +175,19 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
     @property
     def config(self):
         return self.pretrained_model.config
+
+    def get_parameter_or_buffer(self, target: str) -> torch.Tensor:
+        """transformers' lookup, by a key of `state_dict` (TRL v0.7.1's layout: the language model's keys and
+        ``v_head.*``): accelerate's FSDP2 preparation looks the model's tensors up this way."""
+        head = target.startswith(HEAD_PREFIX)
+        module, name = (self.v_head, target.removeprefix(HEAD_PREFIX)) if head else (self.pretrained_model, target)
+        owner, _, leaf = name.rpartition(".")
+        return getattr(module.get_submodule(owner), leaf)
+
+    @property
+    def _no_split_modules(self):
+        """The language model's decoder-layer classes: FSDP's transformer auto-wrap shards one unit per layer."""
+        return getattr(self.pretrained_model, "_no_split_modules", None)
 
     @property
     def device(self) -> torch.device:
@@ -191,6 +210,11 @@ class AutoModelForCausalLMWithValueHead(nn.Module):
 
     def generate(self, *args, **kwargs):
         return self.pretrained_model.generate(*args, **kwargs)
+
+    def tie_weights(self, *args, **kwargs):
+        """The language model's: accelerate's FSDP2 preparation re-ties tied embeddings after moving the model to
+        the meta device and after loading the sharded weights (without it the head becomes a separate copy)."""
+        return self.pretrained_model.tie_weights(*args, **kwargs)
 
     def gradient_checkpointing_enable(self, **kwargs) -> None:
         self.pretrained_model.gradient_checkpointing_enable(**kwargs)

@@ -2,6 +2,9 @@
 `AutoModelForCausalLMWithValueHead.from_pretrained`), the tokenizer, and per process the extra state (optimizer,
 LR scheduler, KL controller, score statistics, RNG streams, step) through `replayrl.checkpoints`: no pickle,
 atomic files, a completeness marker written last. Resuming from one continues exactly as the uninterrupted run.
+Under DeepSpeed the engine writes its own checkpoint of the model and optimizer partitions (``global_step<N>/``,
+as transformers' Trainer does) in place of the optimizer entry, and the model folder holds whole weights gathered
+from ZeRO-3's partitions.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from replayrl.checkpoints import (
     save_extra_state,
     set_rng_state,
 )
+from replayrl.models.sharding import full_state_dict, is_sharded
 
 STATE_NAME = "ppo_state_rank{rank}"
 
@@ -38,12 +42,12 @@ def save_checkpoint(trainer, output_dir: str | Path, step: int) -> Path:
     """Write ``output_dir/checkpoint-{step}`` (all processes call this)."""
     accelerator = trainer.accelerator
     directory = Path(output_dir) / f"checkpoint-{step}"
-    if accelerator.is_main_process:
-        accelerator.unwrap_model(trainer.model).save_pretrained(directory)
-        trainer.tokenizer.save_pretrained(directory)
+    save_model(trainer, directory)
+    if trainer.is_deepspeed:  # every process writes its partitions of the model and optimizer
+        trainer.model.save_checkpoint(str(directory), tag=f"global_step{step}")
     state = {
         "step": step,
-        "optimizer": trainer.optimizer.state_dict(),
+        "optimizer": None if trainer.is_deepspeed else trainer.optimizer.state_dict(),
         "lr_scheduler": trainer.lr_scheduler.state_dict() if trainer.lr_scheduler is not None else None,
         "kl_ctl": trainer.kl_ctl.state_dict(),
         "running": trainer.running.state_dict(),
@@ -58,12 +62,27 @@ def save_checkpoint(trainer, output_dir: str | Path, step: int) -> Path:
     return directory
 
 
+def save_model(trainer, directory: str | Path) -> None:
+    """The policy (with its value head) and the tokenizer into ``directory``. All processes call this: under
+    ZeRO-3 and FSDP2 the whole weights are gathered from every process's shards first."""
+    accelerator = trainer.accelerator
+    model = accelerator.unwrap_model(trainer.model)
+    state = full_state_dict(model) if is_sharded(model) else None
+    if accelerator.is_main_process:
+        model.save_pretrained(directory, state_dict=state)
+        trainer.tokenizer.save_pretrained(directory)
+
+
 def load_checkpoint(trainer, directory: Path) -> int:
     """Restore everything `save_checkpoint` wrote; returns the step to continue from."""
     check_settings(directory, settings(trainer), adaptable=set())
-    _load_model_weights(trainer.accelerator.unwrap_model(trainer.model), directory)
     state = load_extra_state(directory, STATE_NAME.format(rank=trainer.accelerator.process_index))
-    trainer.optimizer.load_state_dict(state["optimizer"])
+    if trainer.is_deepspeed:  # the engine's own checkpoint: model and optimizer partitions
+        tag = f"global_step{int(state['step'])}"
+        trainer.model.load_checkpoint(str(directory), tag=tag, load_optimizer_states=True)
+    else:
+        _load_model_weights(trainer.accelerator.unwrap_model(trainer.model), directory)
+        trainer.optimizer.load_state_dict(state["optimizer"])
     if trainer.lr_scheduler is not None and state["lr_scheduler"] is not None:
         trainer.lr_scheduler.load_state_dict(state["lr_scheduler"])
     trainer.kl_ctl.load_state_dict(state["kl_ctl"])

@@ -2,7 +2,9 @@
 
 Beyond TRL v0.7.1: `output_dir` (metrics.jsonl, checkpoints and the final model of `PPOTrainer.train()`),
 `save_steps`, `logging_steps` and `temperature` (the sampling temperature the policy's log-probs are computed
-at, arXiv:2403.17031 detail "scale the logits by the sampling temperature").
+at, arXiv:2403.17031 detail "scale the logits by the sampling temperature") and `ds3_gather_for_generation`
+(under DeepSpeed ZeRO-3: gather the policy's weights once per `generate` call, as TRL's later trainers; False:
+keep them partitioned, fetched layer by layer at every decoding step, `docs/distributed.md`).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class PPOConfig:
     save_steps: int | None = None
     logging_steps: int = 1
     temperature: float = 1.0
+    ds3_gather_for_generation: bool = True
 
     def __post_init__(self):
         if self.forward_batch_size is not None:

@@ -18,7 +18,8 @@ from transformers import GenerationConfig
 from replayrl.data.prompts import is_conversational, prompts_to_text, tokenize_prompts
 from replayrl.generation.hf import generate_completions
 from replayrl.model_card import write_card_for_run
-from replayrl.ppo.checkpoint import load_checkpoint, save_checkpoint
+from replayrl.models.sharding import is_dtensor
+from replayrl.ppo.checkpoint import load_checkpoint, save_checkpoint, save_model
 from replayrl.rewards.functions import RewardFunctions
 
 
@@ -44,6 +45,12 @@ def train(
     _check_dataset(trainer, dataset, prompt_column)
     if resume_from_checkpoint not in (None, False) and not config.output_dir:
         raise ValueError("resume_from_checkpoint needs config.output_dir (where the checkpoints are).")
+    if config.save_steps and config.output_dir and any(is_dtensor(p) for p in trainer.model.parameters()):
+        raise ValueError(
+            f"PPOTrainer.train() with save_steps={config.save_steps} under FSDP2: PPO's checkpoints do not hold "
+            "sharded optimizer state yet. Set save_steps=None (the final model is still saved), or use "
+            "DeepSpeed ZeRO-2/3 or DDP for checkpoints."
+        )
     funcs = RewardFunctions(reward_funcs, reward_processing_classes, reward_weights)
     generation_config = _generation_config(trainer, generation_kwargs or {})
     start = 0
@@ -64,10 +71,10 @@ def train(
             trainer.log_stats(stats, {"query": rows[prompt_column], "response": completions}, scores)
         if config.save_steps and config.output_dir and (step + 1) % config.save_steps == 0:
             save_checkpoint(trainer, config.output_dir, step + 1)
+    if config.output_dir:
+        save_model(trainer, config.output_dir)  # all processes: ZeRO-3 gathers the whole weights
     if config.output_dir and trainer.accelerator.is_main_process:
         model = trainer.accelerator.unwrap_model(trainer.model)
-        model.save_pretrained(config.output_dir)
-        trainer.tokenizer.save_pretrained(config.output_dir)
         base = getattr(getattr(getattr(model, "pretrained_model", model), "config", None), "_name_or_path", None)
         write_card_for_run(config.output_dir, trainer, "PPO", config.output_dir, base)
     return stats
@@ -133,8 +140,8 @@ def _rollout(trainer, rows: dict, funcs, generation_config, max_prompt_length, p
     prompts = rows[prompt_column]
     ids, mask = tokenize_prompts(tokenizer, prompts_to_text(tokenizer, prompts), max_prompt_length)
     ids, mask = ids.to(device), mask.to(device)
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    completion_ids, completion_mask, _ = generate_completions(model, ids, mask, generation_config)
+    with trainer.unwrap_for_generation() as model:  # ZeRO-3: gathered once for the batch (ds3_gather_for_generation)
+        completion_ids, completion_mask, _ = generate_completions(model, ids, mask, generation_config)
     queries = [row[m.bool()] for row, m in zip(ids, mask)]
     responses = [row[m.bool()] for row, m in zip(completion_ids, completion_mask)]
     texts = tokenizer.batch_decode(responses, skip_special_tokens=True)

@@ -32,11 +32,12 @@ from replayrl.algos import ppo as F
 from replayrl.generation.hf import sampling_mode
 from replayrl.metrics import METRICS_FILE, MetricsFile
 from replayrl.models.prompt_learning import refuse_prompt_learning
-from replayrl.models.sharding import refuse_deepspeed
+from replayrl.models.sharding import needs_synced_gpus, prepare_frozen_model, zero_stage
 from replayrl.ppo.batch import PPOBatch, batch_to, batched_forward, build_batch, forward
 from replayrl.ppo.config import PPOConfig
 from replayrl.ppo.seed_methods import PPOSeedMethodsMixin
 from replayrl.ppo.seq2seq_batch import pad_right
+from replayrl.ppo.sharding import configure_deepspeed, engine_backward, generation_context, is_deepspeed
 from replayrl.ppo.stats import gather_stats, log_stats_record, step_stats
 
 ROLLOUT_KEYS = ("logprobs", "values", "advantages", "returns")
@@ -122,7 +123,8 @@ class PPOTrainer(PPOSeedMethodsMixin):
             **config.accelerator_kwargs,
         )
         self.is_distributed = self.accelerator.num_processes > 1
-        refuse_deepspeed(self.accelerator, type(self).__name__)
+        self.is_deepspeed = is_deepspeed(self.accelerator)
+        configure_deepspeed(self.accelerator, config, num_shared_layers)
         self.tokenizer = tokenizer
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -136,6 +138,8 @@ class PPOTrainer(PPOSeedMethodsMixin):
         self.dataset, self.data_collator = dataset, data_collator
         dataloader = self.prepare_dataloader(dataset, data_collator) if dataset is not None else None
         self.model, self.optimizer, self.lr_scheduler = self.accelerator.prepare(model, optimizer, lr_scheduler)
+        if self.ref_model is not None and zero_stage(self.accelerator) == 3:  # TRL's partitioned inference engine
+            self.ref_model = prepare_frozen_model(self.ref_model, self.accelerator)
         self.dataloader = self.accelerator.prepare(dataloader) if dataloader is not None else None
         self.kl_ctl = (
             F.AdaptiveKLController(config.init_kl_coef, config.target, config.horizon)
@@ -183,9 +187,10 @@ class PPOTrainer(PPOSeedMethodsMixin):
         """Sample responses. One query ``(L,)`` -> ``(1, L + new)`` tensor; a list of queries -> a list of 1-D
         tensors (prompt and padding removed when ``return_prompt=False``, cut after the first EOS), generated
         ``batch_size`` at a time with left padding. ``length_sampler()`` gives ``max_new_tokens`` per batch."""
-        model = self.accelerator.unwrap_model(self.model)
         generation_kwargs.setdefault("pad_token_id", self.tokenizer.pad_token_id)
-        with sampling_mode(model):  # eval mode, no MoE router logits (generation/hf.py)
+        with self.unwrap_for_generation() as model, sampling_mode(model):  # eval mode, no MoE router logits
+            # sharded weights: every process joins every forward pass (ZeRO-3 without gathering, FSDP2)
+            generation_kwargs.setdefault("synced_gpus", needs_synced_gpus(model) or None)
             if isinstance(query_tensor, Tensor) and query_tensor.dim() == 1:
                 if length_sampler is not None:
                     generation_kwargs["max_new_tokens"] = length_sampler()
@@ -197,6 +202,11 @@ class PPOTrainer(PPOSeedMethodsMixin):
             return self._generate_batched(
                 model, list(query_tensor), length_sampler, batch_size, return_prompt, generation_kwargs
             )
+
+    def unwrap_for_generation(self):
+        """The policy to sample from: under ZeRO-3 with ``ds3_gather_for_generation`` its parameters gathered for
+        the block, under FSDP2 the wrapper's own group unsharded (`replayrl.ppo.sharding.generation_context`)."""
+        return generation_context(self.model, self.accelerator, self.config.ds3_gather_for_generation)
 
     def _generate_batched(self, model, queries, length_sampler, batch_size, return_prompt, kwargs) -> list[Tensor]:
         outputs, pad, eos = [], self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
@@ -346,7 +356,8 @@ class PPOTrainer(PPOSeedMethodsMixin):
                 rows = order[start : start + config.mini_batch_size]
                 # an optimizer step every gradient_accumulation_steps mini-batches (batch_size is a multiple)
                 sync = (k + 1) % config.gradient_accumulation_steps == 0
-                with nullcontext() if sync or not self.is_distributed else self.accelerator.no_sync(self.model):
+                no_sync = not sync and self.is_distributed and not self.is_deepspeed  # ZeRO-2/3 has no no_sync
+                with self.accelerator.no_sync(self.model) if no_sync else nullcontext():
                     self.minibatch_stats.append(self.train_minibatch(batch.select(rows), rollout, rows, sync))
             if config.early_stopping and self._early_stop(self.minibatch_stats[-1]["policy/policykl"]):
                 break
@@ -389,6 +400,8 @@ class PPOTrainer(PPOSeedMethodsMixin):
         Accelerator of the process (two trainers with different settings would disturb each other); the factor
         cancels the division `accelerator.backward` applies with that shared setting.
         """
+        if self.is_deepspeed:  # the engine accumulates, clips and steps itself (replayrl.ppo.sharding)
+            return engine_backward(self.model, loss, self.config.gradient_accumulation_steps, sync)
         shared_steps = self.accelerator.gradient_accumulation_steps
         self.accelerator.backward(loss * shared_steps / self.config.gradient_accumulation_steps)
         if not sync:

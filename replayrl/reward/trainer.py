@@ -282,6 +282,13 @@ class RewardTrainer(OwnLossScalingMixin, SafeCheckpointsMixin, Trainer):
         return loss.detach(), logits, torch.zeros(logits.shape[0], device=logits.device)
 
     # ----------------------------------------------------------------------------------------- metrics
+    def _extra_state(self) -> dict:
+        """The running token count: `num_tokens` goes on from the checkpoint's value when a run resumes."""
+        return {"total_tokens": self._total_tokens}
+
+    def _load_extra_state(self, state: dict) -> None:
+        self._total_tokens = int(state.get("total_tokens", 0))  # 0: a checkpoint from before it was saved
+
     def _record_metrics(self, mode: str, batch: dict, chosen: Tensor, rejected: Tensor) -> None:
         gathered = self.accelerator.gather_for_metrics(torch.stack([chosen, rejected], dim=1).float())
         c, r = gathered[:, 0], gathered[:, 1]

@@ -405,6 +405,13 @@ class SFTTrainer(RouterAuxLossMixin, OwnLossScalingMixin, SafeCheckpointsMixin, 
         return self._add_router_aux(loss, mode, token_mask, steps if mode == "train" else 1)
 
     # ----------------------------------------------------------------------------------------- metrics
+    def _extra_state(self) -> dict:
+        """The running token count: `num_tokens` goes on from the checkpoint's value when a run resumes."""
+        return {"total_tokens": self._total_tokens}
+
+    def _load_extra_state(self, state: dict) -> None:
+        self._total_tokens = int(state.get("total_tokens", 0))  # 0: a checkpoint from before it was saved
+
     def _record_metrics(self, mode: str, stats: TokenStats, targets: Tensor, mask: Tensor, token_count) -> None:
         """Add this micro-batch's (correct, entropy sum, trained tokens, input tokens) to the logging window.
         Kept on the device and reduced over processes once per log, not once per micro-batch."""

@@ -4,6 +4,7 @@ in turn (one process start and one DeepSpeed import for all) and saves {name: re
 
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -57,6 +58,18 @@ def grpo_peft(out: str) -> dict:
     return grpo_step(out, peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
 
 
+def grpo_reward_model(out: str) -> dict:
+    """GRPO scored by a reward model (a sequence classifier): under ZeRO-3 a partitioned inference engine."""
+    from replayrl.models.tiny import build_tiny_sequence_classifier, build_tokenizer
+    from tests.grpo.distributed_worker import grpo_step
+
+    classifier = build_tiny_sequence_classifier(build_tokenizer(), seed=3, **REWARD_MODEL)
+    return grpo_step(out, reward_model=classifier)
+
+
+REWARD_MODEL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
+
+
 def rloo(out: str) -> dict:
     from tests.rloo.distributed_worker import run
 
@@ -81,9 +94,87 @@ def distillation(out: str) -> dict:
     return run(out)
 
 
-WORKERS = {
-    f.__name__: f for f in (dpo, dpo_sync_ref, reward, grpo, grpo_no_gather, grpo_peft, rloo, kto, sft, distillation)
-}
+def ppo(out: str) -> dict:
+    """PPOTrainer (its own Accelerator and loop): one step, 2 Adam steps, mini-batches of different lengths."""
+    from tests.ppo.dist_step import run
+
+    return run(out)
+
+
+def ppo_accumulate(out: str) -> dict:
+    """PPOTrainer accumulating 2 mini-batches per optimizer step (DeepSpeed: PPO's boundary, not accelerate's)."""
+    from tests.ppo.dist_step import run
+
+    return run(out, gradient_accumulation_steps=2, equal_lengths=True, sgd=True)
+
+
+def ppo_resume(out: str) -> dict:
+    from tests.ppo.dist_resume import run
+
+    return run(out)
+
+
+def ppo_checkpoints_refused(out: str) -> dict:
+    """FSDP2: PPOTrainer.train() with save_steps is refused before any step (sharded optimizer state)."""
+    from tests.ppo.dist_resume import letters, trainer_for
+
+    trainer = trainer_for(Path(out), steps=1, save_steps=1)
+    try:
+        trainer.train([letters])
+    except ValueError as err:
+        return {"error": str(err), "metrics": os.path.exists(os.path.join(out, "metrics.jsonl"))}
+    return {"error": None}
+
+
+def sft_resume(out: str) -> dict:
+    from tests.distributed.resume import run
+
+    return run("sft", out)
+
+
+def dpo_resume(out: str) -> dict:
+    from tests.distributed.resume import run
+
+    return run("dpo", out)
+
+
+def rloo_resume(out: str) -> dict:
+    from tests.distributed.resume import run
+
+    return run("rloo", out)
+
+
+def ppo_lora(out: str) -> dict:  # by hand (not in CI, for time): see BY_HAND
+    from tests.ppo.dist_step import run
+
+    return run(out, lora=True)
+
+
+def kto_resume(out: str) -> dict:  # by hand (not in CI, for time): see BY_HAND
+    from tests.distributed.resume import run
+
+    return run("kto", out)
+
+
+def reward_resume(out: str) -> dict:  # by hand
+    from tests.distributed.resume import run
+
+    return run("reward", out)
+
+
+def distillation_resume(out: str) -> dict:  # by hand
+    from tests.distributed.resume import run
+
+    return run("distillation", out)
+
+
+TRAINERS = (dpo, dpo_sync_ref, reward, grpo, grpo_no_gather, grpo_peft, grpo_reward_model, rloo, kto, sft, distillation)
+RESUMES = (sft_resume, dpo_resume, rloo_resume, ppo_resume)
+# Not launched by test_strategies.py (time). By hand: results = tests.distributed.launch.launch_strategy("zero3",
+# WORKER, out, port, "kto_resume", "reward_resume", "distillation_resume"), then for each name
+# test_strategies.test_resume_under_zero3_is_exact(("zero3", results), name).
+BY_HAND = (kto_resume, reward_resume, distillation_resume, ppo_lora)
+WORKERS = {f.__name__: f for f in (*TRAINERS, ppo, ppo_accumulate, ppo_checkpoints_refused, *RESUMES, *BY_HAND)}
 
 
 def main(out: str, names: list[str]) -> None:

@@ -44,21 +44,24 @@ def common(out):
     )
 
 
-def grpo_step(out: str, peft_config=None, **overrides) -> dict:
+def grpo_step(out: str, peft_config=None, reward_model=None, **overrides) -> dict:
     """One SGD step of GRPOTrainer (every process calls it): the global batch trained on, the parameters after
-    the step (whole), the logged loss, the completions each process sampled."""
+    the step (whole), the logged loss, the completions each process sampled. With ``reward_model`` (a sequence
+    classifier) as the reward: what it scored on this process, and how its parameters are held."""
     tok = build_tokenizer()
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
     settings = dict(max_steps=1, optim="sgd", learning_rate=1.0, max_grad_norm=0.0, beta=0.1)
     args = GRPOConfig(**common(out), **{**settings, **overrides})
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=varied_reward,
+        reward_funcs=varied_reward if reward_model is None else reward_model,
         args=args,
         train_dataset=prompt_dataset(16),
         processing_class=tok,
         peft_config=peft_config,
+        reward_processing_classes=None if reward_model is None else tok,
     )
+    scored = spy_reward_model(trainer)
     held = []  # elements of the policy's parameters this process holds whole while generating
     generate = trainer.generator.generate
 
@@ -77,7 +80,22 @@ def grpo_step(out: str, peft_config=None, **overrides) -> dict:
         "sharding": sharding_report(trainer.model),
         "held_while_generating": held,
         "ref_sharding": None if trainer.ref_model is None else sharding_report(trainer.ref_model),
+        "reward_model_scores": scored,
+        "reward_model_sharding": [sharding_report(m) for m in trainer.reward_funcs.models()],
     }
+
+
+def spy_reward_model(trainer) -> list:
+    """Records (prompts, completions, scores) of every reward-model call on this process."""
+    scored, score = [], trainer.reward_funcs._score_with_model
+
+    def spy(model, tokenizer, prompts, completions):
+        scores = score(model, tokenizer, prompts, completions)
+        scored.append((list(prompts), list(completions), scores))
+        return scores
+
+    trainer.reward_funcs._score_with_model = spy
+    return scored
 
 
 def main(mode: str, out: str) -> None:

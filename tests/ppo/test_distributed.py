@@ -56,15 +56,3 @@ def test_two_processes_equal_one(tmp_path):
         assert two_stats[key] == pytest.approx(value, abs=1e-5), key
     for name, tensor in one_params.items():
         torch.testing.assert_close(two_params[name], tensor, atol=1e-5, rtol=1e-4, msg=name)
-
-
-@pytest.mark.slow
-def test_deepspeed_is_refused_with_the_fix(tmp_path):
-    pytest.importorskip("deepspeed", reason="DeepSpeed runs need `pip install replayrl[deepspeed]`")
-    from tests.distributed.launch import strategy_flags
-
-    flags, env = strategy_flags("zero2", tmp_path)
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", *flags, "--main_process_port", "29549"]
-    done = subprocess.run([*cmd, str(SCRIPT), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode != 0
-    assert "PPOTrainer does not run under DeepSpeed (zero_stage: 2): launch it with" in done.stderr

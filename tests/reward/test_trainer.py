@@ -216,3 +216,19 @@ def test_gradient_accumulation_8x1_equals_1x8(tokenizer, pairs_data, tmp_path):
         loss = next(r["loss"] for r in trainer.state.log_history if "loss" in r)
         results.append((loss, [p.detach().clone() for p in trainer.model.parameters()]))
     assert_same_updates(results, list(classifier(tokenizer).parameters()))
+
+
+def test_num_tokens_goes_on_after_a_resume(tokenizer, pairs_data, tmp_path):
+    """num_tokens is a running total: a run resumed from checkpoint-2 logs the uninterrupted run's values (it
+    restarted from 0 before the count was part of the checkpoint)."""
+    train = pairs_data[0].select(range(16))
+
+    def run(out, resume=None):
+        args = rm_args(tmp_path, output_dir=str(tmp_path / out), per_device_train_batch_size=4, max_steps=3,
+                       save_strategy="steps", save_steps=2)  # fmt: skip
+        trainer = RewardTrainer(classifier(tokenizer), args=args, train_dataset=train, processing_class=tokenizer)
+        trainer.train(resume_from_checkpoint=resume)
+        return [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h]
+
+    straight = run("straight")
+    assert run("resumed", resume=str(tmp_path / "straight" / "checkpoint-2")) == straight

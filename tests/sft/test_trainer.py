@@ -240,11 +240,16 @@ def test_sft_checkpoints_are_complete_and_resume_true_picks_them(tmp_path):
         trainer.train(resume_from_checkpoint=resume)
         return trainer
 
-    run()
+    first = run()
     assert (tmp_path / "out" / "checkpoint-2" / COMPLETE_MARKER).exists()
     with pytest.raises(ValueError, match="already holds checkpoints"):
         run()
-    assert run(resume=True, max_steps=3).state.global_step == 3
+    resumed = run(resume=True, max_steps=3)
+    assert resumed.state.global_step == 3
+    # num_tokens is a running total: it goes on from the checkpoint's (was restarted from 0 on resume)
+    counts = [h["num_tokens"] for h in resumed.state.log_history if "num_tokens" in h]
+    assert counts[:2] == [h["num_tokens"] for h in first.state.log_history if "num_tokens" in h]
+    assert counts[2] > counts[1]
 
 
 @pytest.mark.parametrize("loss_type", ["nll", "dft"])
