@@ -136,6 +136,7 @@ def test_generation_keeps_its_kv_cache_when_the_trainer_turned_use_cache_off(mod
 
     worker_side = _build_model(config, torch.float32)
     widths = _decoding_widths(worker_side)
-    plain = GenerationConfig(max_new_tokens=5, do_sample=True, pad_token_id=tokenizer.pad_token_id).to_dict()
+    ids = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    plain = GenerationConfig(max_new_tokens=5, do_sample=True, **ids).to_dict()
     _generate(worker_side, batch.input_ids, batch.attention_mask, plain, seed=0)
     assert widths[0] == batch.input_ids.shape[1] and widths[1:] == [1] * (len(widths) - 1) and len(widths) > 1
