@@ -72,6 +72,10 @@ def run_arm(setting: str, arm: str, seed: int, steps: int, threads: int, reward,
 
     s = SETTINGS[setting]
     torch.set_num_threads(threads)
+    if server is not None and SERVER_CORE is not None:
+        import os
+
+        os.sched_setaffinity(0, os.sched_getaffinity(0) - {SERVER_CORE})
     tok = build_tokenizer()
     torch.manual_seed(seed)
     model = build_tiny_model(tok, hidden_size=s["hidden_size"], num_layers=s["num_layers"], num_heads=4, num_kv_heads=2)
@@ -130,6 +134,9 @@ def step_times(run: dict, warmup: int) -> list[float]:
     return [b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1 :])]
 
 
+SERVER_CORE: int | None = None  # `--server-core N`: the vLLM server's core; the trainer is pinned to the others
+
+
 def start_server(setting: str, work: Path):
     """A `replayrl vllm-serve` server (this interpreter: run from .venv-vllm) on a tiny model of `setting`'s size."""
     import os
@@ -145,6 +152,10 @@ def start_server(setting: str, work: Path):
     command = [sys.executable, "-m", "replayrl", "vllm-serve", "--model", folder, "--port", str(port)]
     command += ["--max_model_len", "128", "--dtype", "float32"]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    if (
+        SERVER_CORE is not None
+    ):  # the server on a core of its own (its OpenMP threads bound to it), the trainer on the rest
+        env |= {"VLLM_CPU_OMP_THREADS_BIND": str(SERVER_CORE), "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     wait_for_server(f"http://127.0.0.1:{port}", 900, process)
     return process, (folder, port)
@@ -321,9 +332,14 @@ def main() -> None:
     parser.add_argument(
         "--backend", choices=["transformers", "vllm"], default="transformers", help="vllm: run from .venv-vllm"
     )
+    parser.add_argument(
+        "--server-core", type=int, default=None, help="vllm: bind the server to this core, the trainer to the others"
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--tag", default="")
     a = parser.parse_args()
+    global SERVER_CORE
+    SERVER_CORE = a.server_core
     if a.quick:
         a.steps, a.warmup, a.settings, a.seeds = 4, 1, ["short"], [0]
         a.steps = 6 if a.mode == "learning" else a.steps
