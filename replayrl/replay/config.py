@@ -39,11 +39,28 @@ class GRPOWithReplayBufferConfig(GRPOConfig):
             "still zero-std)."
         },
     )
+    replay_placement: Literal["replace", "append"] = field(
+        default="replace",
+        metadata={
+            "help": "Where drawn buffered groups go: 'replace' (TRL's: they take the zero-std groups' slots) or "
+            "'append' (fresh-anchored, arXiv 2606.04560: every fresh group stays, one buffered group is added per "
+            "zero-std group, so the batch grows)."
+        },
+    )
     replay_importance_cap: float | None = field(
         default=2.0,
         metadata={
             "help": "If set, replayed rows use the decoupled objective: ratio against the current policy, times "
             "a truncated importance weight min(pi/mu, cap) (arXiv:2110.00641). None: PPO ratio against mu, clipped."
+        },
+    )
+
+    replay_m2_threshold: float | None = field(
+        default=None,
+        metadata={
+            "help": "If set, replayed rows use M2PO's trust region (arXiv:2510.01161): ratio against the current "
+            "policy times the importance weight pi/mu (truncated at replay_importance_cap if set), with the "
+            "replayed tokens of largest (log pi/mu)^2 masked until their mean is <= this (paper: 0.04)."
         },
     )
 
@@ -57,9 +74,18 @@ class GRPOWithReplayBufferConfig(GRPOConfig):
             raise ValueError(
                 f"replay_strategy must be 'group', 'mix' or 'mix_then_group' (got {self.replay_strategy!r})."
             )
+        if self.replay_placement not in ("replace", "append"):
+            raise ValueError(f"replay_placement must be 'replace' or 'append' (got {self.replay_placement!r}).")
+        if self.replay_placement == "append" and self.replay_strategy == "mix":
+            raise ValueError(
+                "replay_placement='append' places whole buffered groups, which replay_strategy='mix' never draws; "
+                "use replay_strategy='group' or 'mix_then_group', or leave replay_placement='replace'."
+            )
         for name in ("replay_max_age", "replay_max_reuse"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 or None (got {value}).")
+        if self.replay_m2_threshold is not None and self.replay_m2_threshold <= 0:
+            raise ValueError(f"replay_m2_threshold must be > 0 or None (got {self.replay_m2_threshold}); paper: 0.04.")
         if self.replay_importance_cap is not None and self.replay_importance_cap <= 0:
             raise ValueError(f"replay_importance_cap must be > 0 (got {self.replay_importance_cap}).")
