@@ -9,8 +9,9 @@ GRPOTrainer, several seeds, with bootstrap intervals (issue 30; docs/replay.md).
 
 Tasks (prompts: the 80 training prompts "a+b=" of the addition task; a completion is at most 2 tokens, one character
 each). `init` is the policy the run starts from: `random` = a random-init tiny Qwen2 (hidden 64, 2 layers, ~100-token
-vocabulary, ~1% of completions right at first); `warm` = the same after a short supervised warm-up on a format-only
-teacher (1-2 digit numbers drawn uniformly, blind to the prompt), so it writes numbers but ~1% of them are right.
+vocabulary, ~1% of completions right at first); `warm` = the same after a short supervised warm-up on a noisy
+teacher that writes 1-2 digits, each drawn uniformly from the prompt's operands and the digits of their sum, blind to
+which order is right: the policy writes plausible digits, a few percent of its answers are right.
 
 | task | init | reward | structure |
 |---|---|---|---|
@@ -51,7 +52,7 @@ from common import RESULTS_DIR, median, print_table, remove_scratch, write_resul
 from sample_efficiency import _first_reaching, smooth  # noqa: E402
 
 WINDOW = 5
-STEPS = 150
+STEPS = 200
 SETTINGS = dict(
     per_device_train_batch_size=64,  # 8 prompts x G=8
     num_generations=8,
@@ -145,15 +146,21 @@ ARMS: dict[str, tuple[str, dict]] = {
 MAIN_ARMS = ["grpo", "default", "append", "mix_group", "m2po", "trl_grpo"]
 
 
+def teacher_answer(a: int, b: int, rng: random.Random) -> str:
+    """One answer of the noisy teacher: 1 or 2 digits, each drawn from the operands and the digits of the sum."""
+    digits = sorted({str(a), str(b), *str(a + b)})
+    return "".join(rng.choice(digits) for _ in range(rng.randint(1, 2)))
+
+
 def warm_up(model, tokenizer, seed: int) -> None:
-    """Supervised warm-up on a format-only teacher: WARMUP_ANSWERS numbers 0-99 per prompt, drawn uniformly (plain
-    torch, seeded). The policy learns to write a 1-2 digit number and EOS, nothing about which one is right."""
+    """Supervised warm-up on the noisy teacher, WARMUP_ANSWERS answers per prompt (plain torch, seeded). The policy
+    learns the format and which digits are plausible, nothing about which answer is right."""
     import torch
 
     from replayrl.tasks.addition import _encode, problems
 
     rng = random.Random(seed)
-    examples = [(f"{a}+{b}=", str(rng.randrange(100))) for a, b in problems() for _ in range(WARMUP_ANSWERS)]
+    examples = [(f"{a}+{b}=", teacher_answer(a, b, rng)) for a, b in problems() for _ in range(WARMUP_ANSWERS)]
     ids, mask, labels = _encode(tokenizer, examples)
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=WARMUP_LR, weight_decay=0.0)
