@@ -19,7 +19,7 @@ which order is right: the policy writes plausible digits, a few percent of its a
 | repeat | random | 1 if the completion is two equal characters | format constraint |
 | larger | random | 1 if the completion starts with the larger operand | one-token comparison |
 | pair | warm | 1 if the completion is the two operands, "a+b=" -> "ab" | multi-token target string |
-| sum | warm | 1 if the completion is the sum | short arithmetic answer |
+| sum | warm | 1 if the completion is the sum (target 0.25) | short arithmetic answer |
 | near_echo | random | max(0, 1 - |first char - prompt's first char| / 10), by code point | dense |
 | near_sum | warm | max(0, 1 - |number - sum| / 10), 0 if not a number | dense |
 
@@ -119,18 +119,18 @@ TASKS: dict[str, tuple[str, object, float, bool]] = {
     "repeat": ("random", repeat_reward, 0.5, False),
     "larger": ("random", larger_reward, 0.5, False),
     "pair": ("warm", pair_reward, 0.5, False),
-    "sum": ("warm", sum_reward, 0.5, False),
+    "sum": ("warm", sum_reward, 0.25, False),  # 0.5: no arm of any seed within 200 steps (12.8k completions)
     "near_echo": ("random", near_echo_reward, 0.8, True),
     "near_sum": ("warm", near_sum_reward, 0.8, True),
 }
 # arm -> (trainer, config overrides). "default" is GRPOWithReplayBufferConfig() as it is.
 ARMS: dict[str, tuple[str, dict]] = {
     "grpo": ("grpo", {}),
-    "default": ("replay", {}),
+    "default": ("replay", {"replay_placement": "replace"}),
     "append": ("replay", {"replay_placement": "append"}),
-    "mix_group": ("replay", {"replay_strategy": "mix_then_group"}),
+    "mix_group": ("replay", {"replay_strategy": "mix_then_group", "replay_placement": "replace"}),
     "mix_group_append": ("replay", {"replay_strategy": "mix_then_group", "replay_placement": "append"}),
-    "m2po": ("replay", {"replay_m2_threshold": 0.04, "replay_importance_cap": None}),
+    "m2po": ("replay", {"replay_placement": "replace", "replay_m2_threshold": 0.04, "replay_importance_cap": None}),
     "append_m2po": (
         "replay",
         {"replay_placement": "append", "replay_m2_threshold": 0.04, "replay_importance_cap": None},

@@ -119,7 +119,7 @@ def build_grpo_parser(all_flags: bool = False):
     # DeepSpeed ZeRO-3's generation setting (docs/distributed.md): by --help_all too
     sharded = ["ds3_gather_for_generation"]
     # the replay options that are not the default (docs/replay.md): by --help_all
-    replay_options = ["replay_placement", "replay_m2_threshold"]
+    replay_options = ["replay_m2_threshold"]
     extra = [
         ("current-TRL GRPO options (docs/grpo.md)", parity),
         ("asynchronous generation", tuning),
@@ -140,7 +140,7 @@ def _help_sections() -> list[tuple[str, list[str]]]:
         ("model (ModelConfig)", model + ["model_init_kwargs"]),
         ("generation", GENERATION_FLAGS),
         ("GRPO loss", LOSS_FLAGS),
-        ("replay buffer", [f.name for f in REPLAY_FIELDS if f.name not in ("replay_placement", "replay_m2_threshold")]),
+        ("replay buffer", [f.name for f in REPLAY_FIELDS if f.name != "replay_m2_threshold"]),
         ("training (the most used transformers.TrainingArguments)", COMMON_TRAINING_FLAGS),
     ]
 

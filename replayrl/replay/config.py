@@ -33,25 +33,22 @@ class GRPOWithReplayBufferConfig(GRPOConfig):
     replay_strategy: Literal["group", "mix", "mix_then_group"] = field(
         default="group",
         metadata={
-            "help": "What fills a zero-std group: 'group' (trl.experimental GRPOWithReplayBuffer's: a buffered "
-            "group of another prompt), 'mix' (ExGRPO, arXiv:2510.02245: the prompt's latest stored success "
-            "replaces one of its fresh rows, advantages recomputed), 'mix_then_group' (mix, then swap the groups "
-            "still zero-std)."
+            "help": "What fills a zero-std group: 'group' (a buffered group of another prompt, TRL's), 'mix' (the "
+            "prompt's stored success joins its group, ExGRPO arXiv:2510.02245), 'mix_then_group' (both)."
         },
     )
     replay_placement: Literal["replace", "append"] = field(
-        default="replace",
+        default="append",
         metadata={
-            "help": "Where drawn buffered groups go: 'replace' (TRL's: they take the zero-std groups' slots) or "
-            "'append' (fresh-anchored, arXiv 2606.04560: every fresh group stays, one buffered group is added per "
-            "zero-std group, so the batch grows)."
+            "help": "'append': fresh groups all stay, plus one buffered group per zero-std group (arXiv "
+            "2606.04560); 'replace': swapped in (TRL's)."
         },
     )
     replay_importance_cap: float | None = field(
         default=2.0,
         metadata={
-            "help": "If set, replayed rows use the decoupled objective: ratio against the current policy, times "
-            "a truncated importance weight min(pi/mu, cap) (arXiv:2110.00641). None: PPO ratio against mu, clipped."
+            "help": "Replayed rows: ratio against the current policy, times min(pi/mu, cap) (arXiv:2110.00641). "
+            "None: PPO ratio against mu, clipped."
         },
     )
 
@@ -76,11 +73,6 @@ class GRPOWithReplayBufferConfig(GRPOConfig):
             )
         if self.replay_placement not in ("replace", "append"):
             raise ValueError(f"replay_placement must be 'replace' or 'append' (got {self.replay_placement!r}).")
-        if self.replay_placement == "append" and self.replay_strategy == "mix":
-            raise ValueError(
-                "replay_placement='append' places whole buffered groups, which replay_strategy='mix' never draws; "
-                "use replay_strategy='group' or 'mix_then_group', or leave replay_placement='replace'."
-            )
         for name in ("replay_max_age", "replay_max_reuse"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -68,6 +68,17 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
                     "successes are matched by prompt tokens, which are the same for different images. Use "
                     "replay_strategy='group'."
                 )
+        self._appends = getattr(cfg, "replay_placement", "replace") == "append"
+        if (
+            self._appends
+            and type(self).update_with_replay_buffer is not TRLReplayMethodsMixin.update_with_replay_buffer
+        ):
+            # TRL's extension point is the swap: a subclass that overrides it gets the swap it was written for
+            logger.warning(
+                f"{type(self).__name__} overrides update_with_replay_buffer, which decides what replaces zero-std "
+                "groups: using replay_placement='replace' (the default 'append' never calls it)."
+            )
+            self._appends = False
         self._replayed_uids: set[int] = set()  # for replay/distinct_frac (since the start of training)
         self._replays = 0
 
@@ -82,7 +93,7 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
             zero = algos.zero_std_groups(rollout.rewards, self.num_generations, self.args.replay_zero_std_atol)
             all_zero = self.accelerator.gather(zero)
             self._metrics["train"]["replay/frac_zero_std_trained"].append(float(all_zero.float().mean()))
-        elif getattr(self.args, "replay_placement", "replace") == "append":
+        elif self._appends:
             rollout = self._append_buffered_groups(rollout)
         else:
             rollout = self._replace_zero_std_groups(rollout)

@@ -104,9 +104,8 @@ def test_resume_with_appended_groups_continues_exactly(tokenizer, dataset, tmp_p
     assert [g.uid for g in full.replay_buffer.groups] == [g.uid for g in resumed.replay_buffer.groups]
 
 
-def test_append_with_mix_only_is_refused_before_training(tmp_path):
-    with pytest.raises(ValueError, match="replay_placement='append'.*replay_strategy"):
-        GRPOWithReplayBufferConfig(output_dir=str(tmp_path), replay_placement="append", replay_strategy="mix")
+def test_append_is_the_default_and_a_bad_placement_is_refused(tmp_path):
+    assert GRPOWithReplayBufferConfig(output_dir=str(tmp_path)).replay_placement == "append"
     with pytest.raises(ValueError, match="replay_placement must be"):
         GRPOWithReplayBufferConfig(output_dir=str(tmp_path), replay_placement="concat")
 
