@@ -123,10 +123,12 @@ TASKS: dict[str, tuple[str, object, float, bool]] = {
     "near_echo": ("random", near_echo_reward, 0.8, True),
     "near_sum": ("warm", near_sum_reward, 0.8, True),
 }
-# arm -> (trainer, config overrides). "default" is GRPOWithReplayBufferConfig() as it is.
+# arm -> (trainer, config overrides). `replace` is the replay default before issue 30 (swap, importance cap 2, max
+# age 10); `append` is the default since (fresh-anchored); `default_async` is GRPOWithReplayBufferConfig() as it is,
+# with asynchronous generation.
 ARMS: dict[str, tuple[str, dict]] = {
     "grpo": ("grpo", {}),
-    "default": ("replay", {"replay_placement": "replace"}),
+    "replace": ("replay", {"replay_placement": "replace"}),
     "append": ("replay", {"replay_placement": "append"}),
     "mix_group": ("replay", {"replay_strategy": "mix_then_group", "replay_placement": "replace"}),
     "mix_group_append": ("replay", {"replay_strategy": "mix_then_group", "replay_placement": "append"}),
@@ -143,7 +145,7 @@ ARMS: dict[str, tuple[str, dict]] = {
     "default_async": ("replay", {"async_generation": True}),
     "trl_grpo": ("trl", {}),
 }
-MAIN_ARMS = ["grpo", "default", "append", "mix_group", "m2po", "trl_grpo"]
+MAIN_ARMS = ["grpo", "replace", "append", "m2po", "trl_grpo"]
 
 
 def teacher_answer(a: int, b: int, rng: random.Random) -> str:
@@ -422,7 +424,7 @@ def plot(runs: list[dict], path: Path) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke run: seed 0, tasks echo + sum, arms grpo + default")
+    p.add_argument("--quick", action="store_true", help="smoke run: seed 0, tasks echo + sum, arms grpo + append")
     p.add_argument("--tasks", nargs="+", default=None, choices=list(TASKS), help="default: all")
     p.add_argument("--arms", nargs="+", default=None, choices=list(ARMS), help=f"default: {' '.join(MAIN_ARMS)}")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0-7 (quick: 0)")
@@ -446,7 +448,7 @@ def main(argv=None) -> None:
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(1)
     tasks = args.tasks or (["echo", "sum"] if args.quick else list(TASKS))
-    arms = args.arms or (["grpo", "default"] if args.quick else MAIN_ARMS)
+    arms = args.arms or (["grpo", "append"] if args.quick else MAIN_ARMS)
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else list(range(8)))
     steps = args.steps or (20 if args.quick else STEPS)
     work = Path(tempfile.mkdtemp(prefix="replayrl-tasks-"))
