@@ -102,11 +102,15 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
 
     def _table_shows_trained_rows(self, rollout: Rollout) -> None:
         """With `log_completions`: the completions table shows what is trained, a `replayed` column says which
-        rows came from the buffer; those show their stored text, reward and advantage (their per-function rewards
-        are None: the buffer keeps only the weighted sum)."""
+        rows came from the buffer (appended rows are added to the table); those show their stored text, reward and
+        advantage (their per-function rewards are None: the buffer keeps only the weighted sum)."""
         table = self._last_completions
-        if not (self.args.log_completions and table) or len(table["prompt"]) != rollout.num_rows:
+        if not (self.args.log_completions and table) or len(table["prompt"]) > rollout.num_rows:
             return
+        extra = rollout.num_rows - len(table["prompt"])
+        if extra:  # replay_placement="append": one more row per appended row, filled below (other columns None)
+            for column in list(table):
+                table[column] = list(table[column]) + [None] * extra
         replayed = rollout.replayed.tolist()
         table["replayed"], table["advantage"] = replayed, rollout.advantages.tolist()
         rows = [i for i, flag in enumerate(replayed) if flag]
