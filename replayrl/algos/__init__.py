@@ -34,6 +34,7 @@ from replayrl.algos.losses import (
     grpo_loss,
     grpo_policy_loss,
     masked_mean,
+    second_moment_trust_mask,
     token_weights,
     truncated_is_weights,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "selective_log_softmax",
     "token_logps_and_entropy",
     "token_weights",
+    "second_moment_trust_mask",
     "truncated_is_weights",
     "vespo_weights",
     "zero_std_groups",

@@ -188,6 +188,29 @@ def truncated_is_weights(proximal_logps: Tensor, behaviour_logps: Tensor, cap: f
     return torch.exp(proximal_logps - behaviour_logps).clamp(max=cap).detach()
 
 
+def second_moment_trust_mask(log_ratio: Tensor, mask: Tensor, threshold: float) -> Tensor:
+    """M2PO's token mask (arXiv:2510.01161): the tokens of ``mask`` kept so that the mean of the squared log importance
+    ratio over the kept tokens, ``M2 = mean((log pi/mu)^2)``, is at most ``threshold``; the tokens of largest
+    ``(log r)^2`` are dropped first, and only as many as needed (none when M2 is already within it).
+
+    ``log_ratio, mask: (B, T)`` -> bool ``(B, T)``, detached. Ties in ``(log r)^2`` are broken by position.
+    """
+    keep = mask.bool()
+    m2 = log_ratio.detach().float().pow(2)
+    values = m2[keep]
+    if values.numel() == 0 or float(values.mean()) <= threshold:
+        return keep.clone()
+    ordered, order = values.sort(stable=True)
+    # the mean of the k smallest values grows with k: keep the largest k whose mean is within the threshold
+    running_mean = ordered.cumsum(0) / torch.arange(1, ordered.numel() + 1, device=ordered.device)
+    kept_count = int((running_mean <= threshold).sum())
+    flat = torch.zeros_like(values, dtype=torch.bool)
+    flat[order[:kept_count]] = True
+    out = torch.zeros_like(keep)
+    out[keep] = flat
+    return out
+
+
 def masked_mean(x: Tensor, mask: Tensor, axis: int | None = None) -> Tensor:
     """Mean of ``x`` where ``mask`` is set (over everything, or along ``axis``); 0 for an empty mask.
     ``x, mask: (B, T)`` -> scalar, or the shape without ``axis``."""

@@ -118,13 +118,16 @@ def build_grpo_parser(all_flags: bool = False):
     tuning = ["max_staleness", "weight_sync_steps", "max_inflight_tasks", "queue_maxsize"]
     # DeepSpeed ZeRO-3's generation setting (docs/distributed.md): by --help_all too
     sharded = ["ds3_gather_for_generation"]
+    # the replay options that are not the default (docs/replay.md): by --help_all
+    replay_options = ["replay_m2_threshold"]
     extra = [
         ("current-TRL GRPO options (docs/grpo.md)", parity),
         ("asynchronous generation", tuning),
         ("DeepSpeed ZeRO-3 (docs/distributed.md)", sharded),
+        ("replay options (docs/replay.md)", replay_options),
     ]
     sections = _help_sections() + (extra if all_flags else [])
-    hidden = set(parity) | set(tuning) | set(sharded)
+    hidden = set(parity) | set(tuning) | set(sharded) | set(replay_options)
     arrange_help(parser, sections, (own - hidden) | {"overwrite_output_dir"}, all_flags)
     return parser
 
@@ -137,11 +140,12 @@ def _help_sections() -> list[tuple[str, list[str]]]:
         ("model (ModelConfig)", model + ["model_init_kwargs"]),
         ("generation", GENERATION_FLAGS),
         ("GRPO loss", LOSS_FLAGS),
-        ("replay buffer", [f.name for f in fields(GRPOWithReplayBufferConfig) if f.name.startswith("replay_")]),
+        ("replay buffer", [f.name for f in REPLAY_FIELDS if f.name != "replay_m2_threshold"]),
         ("training (the most used transformers.TrainingArguments)", COMMON_TRAINING_FLAGS),
     ]
 
 
+REPLAY_FIELDS = [f for f in fields(GRPOWithReplayBufferConfig) if f.name.startswith("replay_")]
 GENERATION_FLAGS = [
     "num_generations",
     "max_prompt_length",

@@ -86,12 +86,12 @@ def summary_lines(records: list[dict]) -> list[str]:
     if before:
         text = f"zero-std groups: {sum(before) / len(before):.2f} of generated groups"
         if after:
-            text += f", {sum(after) / len(after):.2f} of trained groups after replacement (run means)"
+            text += f", {sum(after) / len(after):.2f} of trained groups after replay (run means)"
         lines.append(text)
     _, replaced = series(records, "replay/groups_replaced")
     _, size = series(records, "replay/buffer_size")
     if replaced:
         lines.append(
-            f"replay: {sum(replaced) / len(replaced):.1f} groups replaced per batch, buffer held {size[-1]:.0f}"
+            f"replay: {sum(replaced) / len(replaced):.1f} buffered groups per batch, buffer held {size[-1]:.0f}"
         )
     return lines

@@ -33,17 +33,31 @@ class GRPOWithReplayBufferConfig(GRPOConfig):
     replay_strategy: Literal["group", "mix", "mix_then_group"] = field(
         default="group",
         metadata={
-            "help": "What fills a zero-std group: 'group' (trl.experimental GRPOWithReplayBuffer's: a buffered "
-            "group of another prompt), 'mix' (ExGRPO, arXiv:2510.02245: the prompt's latest stored success "
-            "replaces one of its fresh rows, advantages recomputed), 'mix_then_group' (mix, then swap the groups "
-            "still zero-std)."
+            "help": "What fills a zero-std group: 'group' (a buffered group of another prompt, TRL's), 'mix' (the "
+            "prompt's stored success joins its group, ExGRPO arXiv:2510.02245), 'mix_then_group' (both)."
+        },
+    )
+    replay_placement: Literal["replace", "append"] = field(
+        default="append",
+        metadata={
+            "help": "'append': fresh groups all stay, plus one buffered group per zero-std group (arXiv "
+            "2606.04560); 'replace': swapped in (TRL's)."
         },
     )
     replay_importance_cap: float | None = field(
         default=2.0,
         metadata={
-            "help": "If set, replayed rows use the decoupled objective: ratio against the current policy, times "
-            "a truncated importance weight min(pi/mu, cap) (arXiv:2110.00641). None: PPO ratio against mu, clipped."
+            "help": "Replayed rows: ratio against the current policy, times min(pi/mu, cap) (arXiv:2110.00641). "
+            "None: PPO ratio against mu, clipped."
+        },
+    )
+
+    replay_m2_threshold: float | None = field(
+        default=None,
+        metadata={
+            "help": "If set, replayed rows use M2PO's trust region (arXiv:2510.01161): ratio against the current "
+            "policy times the importance weight pi/mu (truncated at replay_importance_cap if set), with the "
+            "replayed tokens of largest (log pi/mu)^2 masked until their mean is <= this (paper: 0.04)."
         },
     )
 
@@ -57,9 +71,13 @@ class GRPOWithReplayBufferConfig(GRPOConfig):
             raise ValueError(
                 f"replay_strategy must be 'group', 'mix' or 'mix_then_group' (got {self.replay_strategy!r})."
             )
+        if self.replay_placement not in ("replace", "append"):
+            raise ValueError(f"replay_placement must be 'replace' or 'append' (got {self.replay_placement!r}).")
         for name in ("replay_max_age", "replay_max_reuse"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 or None (got {value}).")
+        if self.replay_m2_threshold is not None and self.replay_m2_threshold <= 0:
+            raise ValueError(f"replay_m2_threshold must be > 0 or None (got {self.replay_m2_threshold}); paper: 0.04.")
         if self.replay_importance_cap is not None and self.replay_importance_cap <= 0:
             raise ValueError(f"replay_importance_cap must be > 0 (got {self.replay_importance_cap}).")

@@ -13,6 +13,7 @@ a prompt's stored success into its own all-failed group (ExGRPO; `replay/mixing.
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 from accelerate.utils import gather_object
@@ -67,6 +68,17 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
                     "successes are matched by prompt tokens, which are the same for different images. Use "
                     "replay_strategy='group'."
                 )
+        self._appends = getattr(cfg, "replay_placement", "replace") == "append"
+        if (
+            self._appends
+            and type(self).update_with_replay_buffer is not TRLReplayMethodsMixin.update_with_replay_buffer
+        ):
+            # TRL's extension point is the swap: a subclass that overrides it gets the swap it was written for
+            logger.warning(
+                f"{type(self).__name__} overrides update_with_replay_buffer, which decides what replaces zero-std "
+                "groups: using replay_placement='replace' (the default 'append' never calls it)."
+            )
+            self._appends = False
         self._replayed_uids: set[int] = set()  # for replay/distinct_frac (since the start of training)
         self._replays = 0
 
@@ -81,6 +93,8 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
             zero = algos.zero_std_groups(rollout.rewards, self.num_generations, self.args.replay_zero_std_atol)
             all_zero = self.accelerator.gather(zero)
             self._metrics["train"]["replay/frac_zero_std_trained"].append(float(all_zero.float().mean()))
+        elif self._appends:
+            rollout = self._append_buffered_groups(rollout)
         else:
             rollout = self._replace_zero_std_groups(rollout)
         self._table_shows_trained_rows(rollout)
@@ -88,11 +102,15 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
 
     def _table_shows_trained_rows(self, rollout: Rollout) -> None:
         """With `log_completions`: the completions table shows what is trained, a `replayed` column says which
-        rows came from the buffer; those show their stored text, reward and advantage (their per-function rewards
-        are None: the buffer keeps only the weighted sum)."""
+        rows came from the buffer (appended rows are added to the table); those show their stored text, reward and
+        advantage (their per-function rewards are None: the buffer keeps only the weighted sum)."""
         table = self._last_completions
-        if not (self.args.log_completions and table) or len(table["prompt"]) != rollout.num_rows:
+        if not (self.args.log_completions and table) or len(table["prompt"]) > rollout.num_rows:
             return
+        extra = rollout.num_rows - len(table["prompt"])
+        if extra:  # replay_placement="append": one more row per appended row, filled below (other columns None)
+            for column in list(table):
+                table[column] = list(table[column]) + [None] * extra
         replayed = rollout.replayed.tolist()
         table["replayed"], table["advantage"] = replayed, rollout.advantages.tolist()
         rows = [i for i, flag in enumerate(replayed) if flag]
@@ -144,6 +162,30 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
             self._pending_picks, self._replay_assignment = None, None
         self._log_replacement(all_zero, picks)
         return rollout if out is None else self._rollout_from_update(out, rollout, assignment)
+
+    def _append_buffered_groups(self, rollout: Rollout) -> Rollout:
+        """Fresh-anchored replay (arXiv 2606.04560): every fresh group stays in the batch and each zero-std group of
+        the global batch earns one buffered group, appended to the rows of the process that owns the zero-std
+        group. Appended rows keep the batch divisible into `steps_per_generation` micro-batches: a process's count
+        is rounded down to a multiple of `steps_per_generation / gcd(G, steps_per_generation)` groups."""
+        G, spg = self.num_generations, self.args.steps_per_generation
+        zero = algos.zero_std_groups(rollout.rewards, G, self.args.replay_zero_std_atol)
+        all_zero = self.accelerator.gather(zero)  # same decisions on every rank
+        self.replay_buffer.evict_stale(self.state.global_step)
+        unit = spg // math.gcd(G, spg)
+        available, shares = len(self.replay_buffer), []
+        for n_zero in all_zero.view(self.accelerator.num_processes, -1).sum(1).tolist():
+            take = min(int(n_zero), available)
+            shares.append(take - take % unit)
+            available -= shares[-1]
+        picks = self.replay_buffer.sample(num_samples=sum(shares))
+        first = sum(shares[: self.accelerator.process_index])
+        local = picks[first : first + shares[self.accelerator.process_index]]
+        self._log_replacement(all_zero, picks, appended=True)
+        if not local:
+            return rollout
+        groups = [self._as_replayed(p.rollout, rollout) for p in local]
+        return Rollout.concat([rollout, *groups], pad_token_id=self.generation_config.pad_token_id)
 
     def _rollout_from_update(self, out: dict, rollout: Rollout, assignment: dict) -> Rollout:
         """The Rollout that `update_with_replay_buffer`'s dict describes. Per-row fields the dict lacks (rewards,
@@ -209,13 +251,16 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
             raise RuntimeError("A buffered group lacks reference log-probs although beta > 0.")
         return group.with_(replayed=torch.ones_like(group.replayed))
 
-    def _log_replacement(self, all_zero: Tensor, picks: list) -> None:
+    def _log_replacement(self, all_zero: Tensor, picks: list, appended: bool = False) -> None:
         m = self._metrics["train"]
         n_zero = int(all_zero.sum())
         m["replay/buffer_size"].append(float(len(self.replay_buffer)))
         m["replay/groups_replaced"].append(float(len(picks)))
         m["replay/shortfall"].append(float(n_zero - len(picks)))
-        m["replay/frac_zero_std_trained"].append((n_zero - len(picks)) / all_zero.numel())
+        if appended:  # the zero-std groups stay in the batch, which grows by the appended groups
+            m["replay/frac_zero_std_trained"].append(n_zero / (all_zero.numel() + len(picks)))
+        else:
+            m["replay/frac_zero_std_trained"].append((n_zero - len(picks)) / all_zero.numel())
         if picks:  # the same list on every rank, so no collective is needed
             ages = [self.state.global_step - p.version for p in picks]
             m["replay/age_mean"].append(sum(ages) / len(ages))
@@ -257,7 +302,8 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
     # ------------------------------------------------------------------ off-policy correction
     def _behaviour_correction(self, batch: Rollout, current: Tensor, old: Tensor) -> tuple[Tensor, Tensor | None]:
         cap = getattr(self.args, "replay_importance_cap", None)
-        if cap is None or self.replay_buffer is None:
+        m2 = getattr(self.args, "replay_m2_threshold", None)
+        if (cap is None and m2 is None) or self.replay_buffer is None:
             return old, None
         # Fresh rows keep the PPO ratio against the policy that sampled them, clipped, also when the asynchronous
         # worker sampled them with older weights (docs/async.md): the decoupled weight min(pi/mu, cap) has no trust
@@ -266,11 +312,16 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
         replayed = batch.replayed.unsqueeze(1)
         proximal = torch.where(replayed, current, old)
         if self.args.importance_sampling_level == "sequence":  # GSPO: one truncated weight per sequence
-            log_w = algos.importance_log_weights(current, old, batch.loss_weights > 0, "sequence")
-            truncated = torch.exp(log_w).clamp(max=cap).expand_as(old)
+            log_w = algos.importance_log_weights(current, old, batch.loss_weights > 0, "sequence").expand_as(old)
         else:
-            truncated = algos.truncated_is_weights(current, old, cap)
-        weights = torch.where(replayed, truncated, torch.ones_like(old))
+            log_w = current - old
+        weights = torch.exp(log_w).detach()
+        if cap is not None:
+            weights = weights.clamp(max=cap)
+        if m2 is not None:  # M2PO: drop the replayed tokens of most extreme ratio, only as many as needed
+            kept = algos.second_moment_trust_mask(log_w, replayed & (batch.loss_weights > 0), m2)
+            weights = weights * kept
+        weights = torch.where(replayed, weights, torch.ones_like(old))
         return proximal, weights
 
     def _extra_loss_metrics(self, batch: Rollout, logps: Tensor, behaviour: Tensor, mask: Tensor) -> dict:
@@ -279,6 +330,7 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
             return {}
         eps = (self.args.epsilon, self.args.epsilon_high)
         decoupled = getattr(self.args, "replay_importance_cap", None) is not None
+        decoupled = decoupled or getattr(self.args, "replay_m2_threshold", None) is not None
         return replay_loss_metrics(batch, logps.detach(), behaviour, mask, eps, decoupled)
 
     # ------------------------------------------------------------------ checkpoints

@@ -106,7 +106,7 @@ def test_completions_table_in_trackio_and_tensorboard(run):
         table = trackio[step]["completions"]
         assert table["_type"] == "trackio.table"
         rows = table["_value"]
-        assert len(rows) == 8 and list(rows[0]) == COLUMNS
+        assert len(rows) == 8 + groups * G and list(rows[0]) == COLUMNS  # the default appends buffered groups
         assert sum(row["replayed"] for row in rows) == groups * G
         for row in rows:
             if row["replayed"]:  # stored text and reward; the buffer keeps no per-function rewards
@@ -169,7 +169,7 @@ def test_wandb_offline_gets_every_metric_and_the_table(tmp_path):
         if "replay/groups_replaced" in record:
             table_file = by_step[record["step"]]["completions/path"]  # a wandb.Table is a JSON file of the run
             data = json.loads((run_dir / "files" / table_file).read_text())
-            assert data["columns"] == COLUMNS and len(data["data"]) == 8
+            assert data["columns"] == COLUMNS and len(data["data"]) == 8 + record["replay/groups_replaced"] * G
             replayed = [row[COLUMNS.index("replayed")] for row in data["data"]]
             assert sum(replayed) == record["replay/groups_replaced"] * G
 

@@ -37,7 +37,8 @@ def make(model, tokenizer, dataset, tmp_path, cls=RecordingTrainer, **overrides)
 
 
 def test_zero_std_groups_are_replaced_once_the_buffer_has_groups(model, tokenizer, dataset, tmp_path):
-    trainer = make(model, tokenizer, dataset, tmp_path, max_steps=10)
+    # the swap (TRL's semantics); the default appends instead: tests/replay/test_replay_candidates.py
+    trainer = make(model, tokenizer, dataset, tmp_path, max_steps=10, replay_placement="replace")
     trainer.train()
     G = trainer.num_generations
     logs = trainer.state.log_history[:-1]
