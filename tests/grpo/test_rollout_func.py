@@ -117,7 +117,7 @@ class RecordingReplay(GRPOWithReplayBufferTrainer):
 
 
 def test_replay_buffer_keeps_the_rollout_log_probs_and_env_mask(model, tokenizer, dataset, tmp_path):
-    """Batch 1 has reward variance (stored); batch 2 is all-zero (swapped for the stored group): the replayed
+    """Batch 1 has reward variance (stored); batch 2 is all-zero (the stored group is appended to it): the replayed
     rows carry batch 1's rollout log-probs and env_mask, and the environment's tokens stay out of the loss."""
     rollout = ExternalRollout(tokenizer, scores=lambda call, n: [float(i) * (call == 0) for i in range(n)])
     trainer = train(
@@ -129,14 +129,14 @@ def test_replay_buffer_keeps_the_rollout_log_probs_and_env_mask(model, tokenizer
     real = stored.completion_mask.bool()
     assert_rows_close(stored.engine_logps, real, first["logprobs"])
     assert [row[m].tolist() for row, m in zip(stored.tool_mask, real)] == first["env_mask"]
-    replayed = trainer.seen[1]
-    assert replayed.replayed.all() and int(replayed.policy_version[0]) == 0
-    assert [row[m].tolist() for row, m in zip(replayed.completion_ids, replayed.completion_mask.bool())] == (
-        first["completion_ids"]
-    )
-    env = replayed.completion_mask.bool() & (replayed.tool_mask == 0)
-    assert env.sum() == 20 and replayed.loss_weights[env].eq(0).all()
-    assert_rows_close(replayed.engine_logps, real, first["logprobs"])
+    batch = trainer.seen[1]  # the default placement appends the stored group after the fresh (zero-std) one
+    rows = batch.replayed
+    assert rows.tolist() == [False] * 4 + [True] * 4 and batch.policy_version[rows].eq(0).all()
+    ids, mask = batch.completion_ids[rows], batch.completion_mask[rows].bool()
+    assert [row[m].tolist() for row, m in zip(ids, mask)] == first["completion_ids"]
+    env = mask & (batch.tool_mask[rows] == 0)
+    assert env.sum() == 20 and batch.loss_weights[rows][env].eq(0).all()
+    assert_rows_close(batch.engine_logps[rows], real, first["logprobs"])
 
 
 def test_rollout_func_errors(model, tokenizer, dataset, tmp_path):
