@@ -70,7 +70,7 @@ SETTINGS = dict(
     use_cpu=True,
 )
 MODEL_KWARGS = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
-WARMUP_STEPS, WARMUP_LR, WARMUP_BATCH, WARMUP_ANSWERS = 150, 3e-3, 64, 8
+WARMUP_STEPS, WARMUP_ANSWERS = 150, 8  # learning rate and batch: the built-in task's (3e-3, 64)
 
 
 def _operands(prompt: str) -> tuple[int, int]:
@@ -155,26 +155,18 @@ def teacher_answer(a: int, b: int, rng: random.Random) -> str:
 
 
 def warm_up(model, tokenizer, seed: int) -> None:
-    """Supervised warm-up on the noisy teacher, WARMUP_ANSWERS answers per prompt (plain torch, seeded). The policy
-    learns the format and which digits are plausible, nothing about which answer is right."""
+    """Supervised warm-up on the noisy teacher, WARMUP_ANSWERS answers per prompt (plain torch, seeded): the built-in
+    task's warm-up loop on these answers. The policy learns the format and which digits are plausible, nothing about
+    which answer is right."""
     import torch
 
-    from replayrl.tasks.addition import _encode, problems
+    from replayrl.tasks.addition import problems
+    from replayrl.tasks.addition import warm_up as addition_warm_up
 
     rng = random.Random(seed)
     examples = [(f"{a}+{b}=", teacher_answer(a, b, rng)) for a, b in problems() for _ in range(WARMUP_ANSWERS)]
-    ids, mask, labels = _encode(tokenizer, examples)
-    generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=WARMUP_LR, weight_decay=0.0)
-    model.train()
     with torch.random.fork_rng(devices=[]):
-        for _ in range(WARMUP_STEPS):
-            rows = torch.randint(0, ids.shape[0], (WARMUP_BATCH,), generator=generator)
-            loss = model(input_ids=ids[rows], attention_mask=mask[rows], labels=labels[rows]).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-    model.eval()
+        addition_warm_up(model, tokenizer, seed, steps=WARMUP_STEPS, examples=examples)
 
 
 def initial_policy(task: str, seed: int):
