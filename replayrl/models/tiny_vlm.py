@@ -170,6 +170,13 @@ def _text_kwargs(tokenizer, hidden_size: int, num_layers: int) -> dict:
     )
 
 
+def _qwen_vision_tokens(ids) -> dict[str, int]:
+    """The Qwen-VL families' image, video and vision-span token ids."""
+    names = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>"}
+    names |= {"vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
+    return {key: ids(token) for key, token in names.items()}
+
+
 def _config(family: Family, tokenizer, hidden_size: int, num_layers: int):
     text = _text_kwargs(tokenizer, hidden_size, num_layers)
     ids = tokenizer.convert_tokens_to_ids
@@ -180,10 +187,7 @@ def _config(family: Family, tokenizer, hidden_size: int, num_layers: int):
         return Qwen2VLConfig(
             text_config={**text, "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}},
             vision_config=vision,
-            image_token_id=ids("<|image_pad|>"),
-            video_token_id=ids("<|video_pad|>"),
-            vision_start_token_id=ids("<|vision_start|>"),
-            vision_end_token_id=ids("<|vision_end|>"),
+            **_qwen_vision_tokens(ids),
             tie_word_embeddings=True,
         )
     if family == "qwen2_5_vl":
@@ -194,10 +198,7 @@ def _config(family: Family, tokenizer, hidden_size: int, num_layers: int):
         return Qwen2_5_VLConfig(
             text_config={**text, "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}},
             vision_config=vision,
-            image_token_id=ids("<|image_pad|>"),
-            video_token_id=ids("<|video_pad|>"),
-            vision_start_token_id=ids("<|vision_start|>"),
-            vision_end_token_id=ids("<|vision_end|>"),
+            **_qwen_vision_tokens(ids),
             tie_word_embeddings=True,
         )
     if family in ("qwen3_vl", "qwen3_5", "qwen3_5_moe"):
@@ -222,10 +223,7 @@ def _config(family: Family, tokenizer, hidden_size: int, num_layers: int):
         return cls(
             text_config=text,
             vision_config=vision,
-            image_token_id=ids("<|image_pad|>"),
-            video_token_id=ids("<|video_pad|>"),
-            vision_start_token_id=ids("<|vision_start|>"),
-            vision_end_token_id=ids("<|vision_end|>"),
+            **_qwen_vision_tokens(ids),
             tie_word_embeddings=True,
         )
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
