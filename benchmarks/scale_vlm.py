@@ -115,3 +115,29 @@ class VisionActivations:
             self._hooks.__exit__(None, None, None)
             patches = int(args[0].shape[0]) if args else 0
             self.passes.append({"patches": patches, "saved_mib": sum(self._seen.values()) / 2**20})
+
+
+def tower_saved_mib(depths=(1, 2, 4), image_size: int = 448) -> dict[int, float]:
+    """The vision tower alone (`VISION`, bf16, random weights) at each depth: MiB its forward pass with gradients
+    saves for backward on one `image_size` square image. The difference between depths is the per-block cost, the
+    rest the patch embedding and the merger; a deeper tower extrapolates linearly (`VisionActivations` is the probe)."""
+    import torch
+    from PIL import Image
+    from transformers import Qwen2_5_VLConfig, Qwen2VLImageProcessorPil
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    enc = Qwen2VLImageProcessorPil()(
+        images=[Image.new("RGB", (image_size, image_size), (200, 10, 10))], return_tensors="pt"
+    )
+    saved = {}
+    for depth in depths:
+        vision = dict(VISION, depth=depth, out_hidden_size=256, fullatt_block_indexes=[depth - 1])
+        torch.manual_seed(0)
+        holder = torch.nn.Module()
+        holder.visual = Qwen2_5_VisionTransformerPretrainedModel._from_config(
+            Qwen2_5_VLConfig(vision_config=vision).vision_config
+        ).to(torch.bfloat16)
+        probe = VisionActivations(holder)
+        holder.visual(enc["pixel_values"].to(torch.bfloat16), grid_thw=enc["image_grid_thw"])
+        saved[depth] = probe.passes[0]["saved_mib"]
+    return saved

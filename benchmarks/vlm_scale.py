@@ -13,7 +13,8 @@ alternating, then `grpo_vlm_replay` (replayrl's GRPOWithReplayBufferTrainer, 64-
 ratios are against replayrl's grpo_vlm). Figures are medians over rounds: seconds per optimizer step, the memory
 `train()` uses above its start (peak RSS on a CPU, see `scale_worker.py`), the bytes the vision tower's forward
 passes with gradients save for backward (`scale_vlm.VisionActivations`, per pass), and the replay buffer's stored
-image bytes per group (`VisionInputs.nbytes`).
+image bytes per group (`VisionInputs.nbytes`). First, the vision tower alone at 1, 2 and 4 blocks on one image
+(`scale_vlm.tower_saved_mib`): its saved bytes per block, and extrapolated to Qwen2.5-VL's 32 blocks.
 
 The TRL virtualenv needs pillow (TRL's VLM path decodes PIL images); this script installs it there when missing.
 """
@@ -55,6 +56,17 @@ def vision_figures(results: list[dict]) -> dict:
     return out
 
 
+def tower_figures() -> dict:
+    """The vision tower alone at 1, 2 and 4 blocks on one image: MiB saved per block, the rest, and at 32 blocks."""
+    tower = scale_vlm.tower_saved_mib()
+    per_block = (tower[4] - tower[2]) / 2
+    fixed = tower[2] - 2 * per_block
+    out = {"by_depth": tower, "per_block": per_block, "fixed": fixed, "depth_32": fixed + 32 * per_block}
+    print(f"vision tower alone, one 448x448 image, saved for backward: {tower} MiB by depth; {per_block:.1f} MiB a "
+          f"block + {fixed:.1f}; at Qwen2.5-VL's 32 blocks {out['depth_32']:.0f} MiB", flush=True)  # fmt: skip
+    return out
+
+
 def summarize(trainer: str, per_side: dict[str, list[dict]], rows: list[dict]) -> dict:
     """Both sides' medians and replayrl / peer ratios; the peer is TRL, or for grpo_vlm_replay replayrl's grpo_vlm."""
     row: dict = {"trainer": trainer, "peer": "trl"}
@@ -85,12 +97,20 @@ def main(argv=None) -> None:
     work = Path(tempfile.mkdtemp(prefix="replayrl-vlm-scale-"))
     logs = args.logs or work
     logs.mkdir(parents=True, exist_ok=True)
+    payload_tower = tower_figures()
     model_dir, data_dir = scale_vlm.make_assets(work, scale_vlm.SHAPES[device])
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
     python = {"replayrl": sys.executable, "trl": args.trl_python}
     rows, runs = [], []
     payload = {"device": device, "shape": scale_vlm.SHAPES[device], "vision": scale_vlm.VISION, "image": 448}
-    payload.update(vocab_size=scale_vlm.VOCAB, rounds=rounds, settings=settings, rows=rows, runs=runs)
+    payload.update(
+        tower_saved_mib=payload_tower,
+        vocab_size=scale_vlm.VOCAB,
+        rounds=rounds,
+        settings=settings,
+        rows=rows,
+        runs=runs,
+    )
     for trainer, sides in (("grpo_vlm", ["replayrl", "trl"]), ("grpo_vlm_replay", ["replayrl"])):
         per_side: dict[str, list[dict]] = {impl: [] for impl in sides}
         for r in range(rounds):
