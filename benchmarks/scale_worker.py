@@ -1,5 +1,7 @@
 """One timed run of replayrl's or TRL's SFT (unpacked or packed), DPO, reward or GRPO trainer (or replayrl's GRPO with
-the replay buffer) at real vocabulary size (run by `scale.py`).
+the replay buffer) at real vocabulary size (run by `scale.py`); `grpo_vlm` / `grpo_vlm_replay`: GRPO on a
+vision-language model and an image dataset saved with `datasets` (run by `vlm_scale.py`, see `scale_vlm.py`), with
+the vision tower's saved activations per forward pass and the replay buffer's stored image bytes in the result.
 
     python benchmarks/scale_worker.py --impl replayrl --trainer sft --model-dir DIR --data-file FILE [...]
 
@@ -30,6 +32,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
 import scale_profile  # noqa: E402
+import scale_vlm  # noqa: E402
 from common import GRPO_SETTINGS, make_random_reward, median, rss_mib  # noqa: E402
 
 # Spelled out for every trainer and both libraries (TRL 1.16 defaults to bf16=True and gradient checkpointing):
@@ -42,7 +45,8 @@ COMMON.update(lr_scheduler_type="constant", dataloader_pin_memory=False, seed=0)
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--impl", choices=["replayrl", "trl"], required=True)
-    trainers = ["sft", "sft_packed", "dpo", "reward", "grpo", "grpo_replay", "grpo_static"]
+    trainers = ["sft", "sft_packed", "dpo", "reward", "grpo", "grpo_replay", "grpo_static", "grpo_vlm"]
+    trainers += ["grpo_vlm_replay"]
     p.add_argument("--trainer", choices=trainers, required=True)
     p.add_argument("--model-dir", required=True)
     p.add_argument("--data-file", required=True)
@@ -54,8 +58,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--profile", help="profile one more step (and a GRPO generation); tables to this file")
     args = p.parse_args()
-    if args.trainer == "grpo_replay" and args.impl == "trl":
-        p.error("grpo_replay is replayrl's GRPOWithReplayBufferTrainer: there is no TRL peer (use --impl replayrl)")
+    if args.trainer in ("grpo_replay", "grpo_vlm_replay") and args.impl == "trl":
+        p.error(f"{args.trainer} is replayrl's GRPOWithReplayBufferTrainer: there is no TRL peer (use --impl replayrl)")
     return args
 
 
@@ -119,11 +123,12 @@ def library(impl: str):
 def build(args, lib, cuda: bool, count):
     """(trainer, tokens of a step or None when counted by the collator)."""
     import torch
-    from datasets import load_dataset
+    from datasets import load_dataset, load_from_disk
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    data = load_dataset("json", data_files=args.data_file, split="train")
-    tok = AutoTokenizer.from_pretrained(args.model_dir)
+    vlm = "vlm" in args.trainer  # a Qwen2.5-VL-shaped model and a saved image dataset (scale_vlm.py)
+    data = load_from_disk(args.data_file) if vlm else load_dataset("json", data_files=args.data_file, split="train")
+    tok = scale_vlm.load_processor(args.model_dir) if vlm else AutoTokenizer.from_pretrained(args.model_dir)
     max_steps = args.warmup + args.steps + bool(args.profile)  # the profiled step comes after the timed ones
     common = dict(COMMON, output_dir=tempfile.mkdtemp(prefix="scale-"), max_steps=max_steps)
     common.update(per_device_train_batch_size=args.batch, bf16=cuda, use_cpu=not cuda)
@@ -133,15 +138,18 @@ def build(args, lib, cuda: bool, count):
         settings.update(max_completion_length=args.max_completion_length, model_init_kwargs={"dtype": "bfloat16"})
         extra = {"use_bias_correction_kl": False} if args.impl == "trl" else {}
         config_cls, trainer_cls = lib.GRPOConfig, lib.GRPOTrainer
-        if args.trainer == "grpo_replay":  # the same run plus the buffer (its documented default size, 64 groups)
+        if args.trainer.endswith("replay"):  # the same run plus the buffer (its documented default size, 64 groups)
             config_cls, trainer_cls = lib.GRPOWithReplayBufferConfig, lib.GRPOWithReplayBufferTrainer
             extra = {"replay_buffer_size": 64}
         if args.trainer == "grpo_static":  # transformers compiles a static cache's decoding step on a GPU (not TRL:
             # its GenerationConfig has disable_compile=True); prompts padded to one width, so one compiled shape
             settings.update(cache_implementation="static", pad_to_multiple_of=64)
+        if vlm and args.impl == "replayrl":  # image prompts are never truncated; TRL 1.16 has no prompt limit
+            extra["max_prompt_length"] = None
         config = config_cls(**settings, **extra)
         reward = make_random_reward(0)
-        trainer = trainer_cls(model=args.model_dir, reward_funcs=[reward], args=config, train_dataset=data)
+        vision = {"processing_class": tok} if vlm else {}
+        trainer = trainer_cls(model=args.model_dir, reward_funcs=[reward], args=config, train_dataset=data, **vision)
         return trainer, args.batch * args.max_completion_length  # random weights: EOS almost never sampled
     if args.trainer == "reward":
         model = AutoModelForSequenceClassification.from_pretrained(args.model_dir + "-rm", num_labels=1, dtype=dtype)
@@ -264,6 +272,7 @@ def main() -> None:
             cpu_ends.append(time.process_time())
 
     trainer.add_callback(Clock())
+    tower = scale_vlm.VisionActivations(trainer.model) if "vlm" in args.trainer else None
     timed_end = args.warmup + args.steps
     parts: dict[str, tuple[dict, str]] = {}
     profiler = scale_profile.profile_callback(timed_end, cuda, parts) if args.profile else None
@@ -280,6 +289,12 @@ def main() -> None:
     result["timing"] = {k: median([r[k] for r in timed if k in r]) for k in sorted(keys)}
     result.update(mem)
     result["optimizer_floor_mib"] = optimizer_floor_mib(trainer)
+    if tower is not None:
+        result["vision_passes"] = tower.passes
+    if getattr(trainer, "replay_buffer", None) is not None:  # what the buffer's groups hold of their prompts' images
+        groups = trainer.replay_buffer.groups
+        result["buffer_groups"] = len(groups)
+        result["buffer_image_mib"] = [g.rollout.vision.nbytes() / 2**20 for g in groups if g.rollout.vision is not None]
     if args.profile:
         result["profile"] = write_profile(args, trainer, parts, cuda)
     print("RESULT " + json.dumps(result), flush=True)
