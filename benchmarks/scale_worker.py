@@ -1,6 +1,6 @@
 """One timed run of replayrl's or TRL's SFT (unpacked or packed), DPO, reward or GRPO trainer (or replayrl's GRPO with
 the replay buffer) at real vocabulary size (run by `scale.py`); `grpo_vlm` / `grpo_vlm_replay`: GRPO on a
-vision-language model and an image dataset saved with `datasets` (run by `vlm_scale.py`, see `scale_vlm.py`), with
+vision-language model and an image dataset saved with `datasets` (run by `vlm_scale.py`, see `vlm_assets.py`), with
 the vision tower's saved activations per forward pass and the replay buffer's stored image bytes in the result.
 
     python benchmarks/scale_worker.py --impl replayrl --trainer sft --model-dir DIR --data-file FILE [...]
@@ -32,7 +32,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
 import scale_profile  # noqa: E402
-import scale_vlm  # noqa: E402
+import vlm_assets  # noqa: E402
 from common import GRPO_SETTINGS, make_random_reward, median, rss_mib  # noqa: E402
 
 # Spelled out for every trainer and both libraries (TRL 1.16 defaults to bf16=True and gradient checkpointing):
@@ -126,9 +126,9 @@ def build(args, lib, cuda: bool, count):
     from datasets import load_dataset, load_from_disk
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    vlm = "vlm" in args.trainer  # a Qwen2.5-VL-shaped model and a saved image dataset (scale_vlm.py)
+    vlm = "vlm" in args.trainer  # a Qwen2.5-VL-shaped model and a saved image dataset (vlm_assets.py)
     data = load_from_disk(args.data_file) if vlm else load_dataset("json", data_files=args.data_file, split="train")
-    tok = scale_vlm.load_processor(args.model_dir) if vlm else AutoTokenizer.from_pretrained(args.model_dir)
+    tok = vlm_assets.load_processor(args.model_dir) if vlm else AutoTokenizer.from_pretrained(args.model_dir)
     max_steps = args.warmup + args.steps + bool(args.profile)  # the profiled step comes after the timed ones
     common = dict(COMMON, output_dir=tempfile.mkdtemp(prefix="scale-"), max_steps=max_steps)
     common.update(per_device_train_batch_size=args.batch, bf16=cuda, use_cpu=not cuda)
@@ -272,7 +272,7 @@ def main() -> None:
             cpu_ends.append(time.process_time())
 
     trainer.add_callback(Clock())
-    tower = scale_vlm.VisionActivations(trainer.model) if "vlm" in args.trainer else None
+    tower = vlm_assets.VisionActivations(trainer.model) if "vlm" in args.trainer else None
     timed_end = args.warmup + args.steps
     parts: dict[str, tuple[dict, str]] = {}
     profiler = scale_profile.profile_callback(timed_end, cuda, parts) if args.profile else None

@@ -3,7 +3,7 @@ replayrl's replay buffer stores of the images.
 
     python benchmarks/vlm_scale.py [--rounds 2] [--trl-python PATH] [--quick] [--logs DIR] [--output NAME]
 
-The model (`scale_vlm.py`): Qwen2.5-VL-3B's vision tower (hidden 1280, 16 heads, MLP 3420, patch 14, spatial merge
+The model (`vlm_assets.py`): Qwen2.5-VL-3B's vision tower (hidden 1280, 16 heads, MLP 3420, patch 14, spatial merge
 2, window 112) with fewer blocks, the 151,936-token vocabulary, and a reduced language body; on a CPU 2 vision blocks
 (one window-attention, one full-attention) and `scale.py`'s CPU body (hidden 256, 2 layers), on a GPU 8 blocks and
 Qwen2-0.5B's body. Seeded random weights in bf16, saved once; every prompt has its own 448x448 image (1,024 patches,
@@ -12,9 +12,9 @@ without its video part on both sides: torchvision has no CPU build here) in a fr
 alternating, then `grpo_vlm_replay` (replayrl's GRPOWithReplayBufferTrainer, 64-group buffer; no TRL peer, its
 ratios are against replayrl's grpo_vlm). Figures are medians over rounds: seconds per optimizer step, the memory
 `train()` uses above its start (peak RSS on a CPU, see `scale_worker.py`), the bytes the vision tower's forward
-passes with gradients save for backward (`scale_vlm.VisionActivations`, per pass), and the replay buffer's stored
+passes with gradients save for backward (`vlm_assets.VisionActivations`, per pass), and the replay buffer's stored
 image bytes per group (`VisionInputs.nbytes`). First, the vision tower alone at 1, 2 and 4 blocks on one image
-(`scale_vlm.tower_saved_mib`): its saved bytes per block, and extrapolated to Qwen2.5-VL's 32 blocks.
+(`vlm_assets.tower_saved_mib`): its saved bytes per block, and extrapolated to Qwen2.5-VL's 32 blocks.
 
 The TRL virtualenv needs pillow (TRL's VLM path decodes PIL images); this script installs it there when missing.
 """
@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import scale_vlm  # noqa: E402
+import vlm_assets  # noqa: E402
 from common import median, print_table, ratio, remove_scratch, write_results  # noqa: E402
 from scale import TRL_PYTHON, run_worker, side_figures  # noqa: E402
 
@@ -58,7 +58,7 @@ def vision_figures(results: list[dict]) -> dict:
 
 def tower_figures() -> dict:
     """The vision tower alone at 1, 2 and 4 blocks on one image: MiB saved per block, the rest, and at 32 blocks."""
-    tower = scale_vlm.tower_saved_mib()
+    tower = vlm_assets.tower_saved_mib()
     per_block = (tower[4] - tower[2]) / 2
     fixed = tower[2] - 2 * per_block
     out = {"by_depth": tower, "per_block": per_block, "fixed": fixed, "depth_32": fixed + 32 * per_block}
@@ -98,14 +98,14 @@ def main(argv=None) -> None:
     logs = args.logs or work
     logs.mkdir(parents=True, exist_ok=True)
     payload_tower = tower_figures()
-    model_dir, data_dir = scale_vlm.make_assets(work, scale_vlm.SHAPES[device])
+    model_dir, data_dir = vlm_assets.make_assets(work, vlm_assets.SHAPES[device])
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
     python = {"replayrl": sys.executable, "trl": args.trl_python}
     rows, runs = [], []
-    payload = {"device": device, "shape": scale_vlm.SHAPES[device], "vision": scale_vlm.VISION, "image": 448}
+    payload = {"device": device, "shape": vlm_assets.SHAPES[device], "vision": vlm_assets.VISION, "image": 448}
     payload.update(
         tower_saved_mib=payload_tower,
-        vocab_size=scale_vlm.VOCAB,
+        vocab_size=vlm_assets.VOCAB,
         rounds=rounds,
         settings=settings,
         rows=rows,
