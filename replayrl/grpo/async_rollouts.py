@@ -33,7 +33,6 @@ from transformers import TrainerCallback
 from replayrl.data.prompts import is_conversational, tokenize_prompts
 from replayrl.generation.async_worker import GenerationWorker, WorkerResult
 from replayrl.grpo.generation import Generated, finish_generation
-from replayrl.grpo.sampler import RepeatSampler
 
 logger = logging.getLogger(__name__)
 
@@ -112,13 +111,7 @@ def generation_batches(trainer) -> Iterator[list[int]]:
     args = trainer.args
     rows = args.per_device_train_batch_size * args.steps_per_generation
     world, rank = args.world_size, args.process_index
-    sampler = RepeatSampler(
-        trainer.train_dataset,
-        mini_repeat_count=trainer.num_generations,
-        batch_size=args.generation_batch_size // trainer.num_generations,
-        shuffle=args.shuffle_dataset,
-        seed=args.seed,
-    )
+    sampler = trainer._get_train_sampler(repeat_count=1)
     epoch = 0
     while True:
         sampler.set_epoch(epoch)

@@ -1,4 +1,5 @@
-"""`RepeatSampler`: yields prompt indices so that every process receives whole prompt groups."""
+"""`RepeatSampler`: yields prompt indices so that every process receives whole prompt groups; `PromptSamplingMixin`:
+the GRPO family's dataloaders built on it."""
 
 from __future__ import annotations
 
@@ -55,3 +56,43 @@ class RepeatSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return (self.num_samples // self.batch_size) * self.batch_size * self.mini_repeat_count * self.repeat_count
+
+
+class PromptSamplingMixin:
+    """GRPOTrainer's data loading: one dataloader batch is one process's whole generation batch, in `RepeatSampler`'s
+    order (the asynchronous read-ahead, `async_rollouts.generation_batches`, walks the same order)."""
+
+    def _set_signature_columns_if_needed(self):
+        if self._signature_columns is None:
+            self._signature_columns = ["prompt"]
+
+    def get_train_dataloader(self):
+        if self.train_dataset is None:
+            raise ValueError("train_dataset is required to train: GRPOTrainer samples its prompts from it (as in TRL).")
+        # One dataloader batch = one process's whole generation batch (the sampler repeats it per micro-step).
+        return self._get_dataloader(
+            dataset=self.train_dataset,
+            description="Training",
+            batch_size=self._train_batch_size * self.args.steps_per_generation,
+            sampler_fn=self._get_train_sampler,
+            is_training=True,
+        )
+
+    def _get_train_sampler(self, dataset=None, repeat_count: int | None = None) -> RepeatSampler:
+        """`repeat_count`: each generation batch's repeats (default: one per micro-step it serves)."""
+        return RepeatSampler(
+            dataset if dataset is not None else self.train_dataset,
+            mini_repeat_count=self.num_generations,
+            batch_size=self.args.generation_batch_size // self.num_generations,
+            repeat_count=self.generate_every if repeat_count is None else repeat_count,
+            shuffle=self.args.shuffle_dataset,
+            seed=self.args.seed,
+        )
+
+    def _get_eval_sampler(self, eval_dataset) -> RepeatSampler:
+        from replayrl.grpo.checks import check_eval_batch
+
+        check_eval_batch(self.args)  # checked at construction too when eval_dataset was given there
+        return RepeatSampler(
+            eval_dataset, mini_repeat_count=self.num_generations_eval, shuffle=False, seed=self.args.seed
+        )

@@ -35,7 +35,7 @@ from replayrl.generation import build_backend
 from replayrl.generation.hf import build_generation_config
 from replayrl.grpo import options
 from replayrl.grpo.async_rollouts import WINDOW_MAX, AsyncGenerationMixin
-from replayrl.grpo.checks import check_datasets, check_eval_batch, check_images, named_datasets
+from replayrl.grpo.checks import check_datasets, check_images, named_datasets
 from replayrl.grpo.config import GRPOConfig
 from replayrl.grpo.environments import EnvironmentMixin, build_environments, environment_dataset, environment_rewards
 from replayrl.grpo.generation import engine_correction, generate_batch, prompt_images
@@ -43,7 +43,7 @@ from replayrl.grpo.objective import EntropyController, Inputs, grpo_objective
 from replayrl.grpo.reporting import GRPOMetricsMixin
 from replayrl.grpo.rollout import Rollout, known_or
 from replayrl.grpo.rollout_func import run_rollout_func
-from replayrl.grpo.sampler import RepeatSampler
+from replayrl.grpo.sampler import PromptSamplingMixin
 from replayrl.grpo.streaming import StreamingDataMixin
 from replayrl.grpo.tools import ToolCallingMixin, accepts_completion_idx, tools_by_name
 from replayrl.grpo.trl_methods import TRLMethodsMixin
@@ -65,6 +65,7 @@ def _identity_collator(features: list[dict]) -> list[dict]:
 
 
 class GRPOTrainer(
+    PromptSamplingMixin,
     AsyncGenerationMixin,
     EnvironmentMixin,
     TRLMethodsMixin,
@@ -217,38 +218,6 @@ class GRPOTrainer(
         return ref
 
     # ----------------------------------------------------------------------------------------- data loading
-    def _set_signature_columns_if_needed(self):
-        if self._signature_columns is None:
-            self._signature_columns = ["prompt"]
-
-    def get_train_dataloader(self):
-        if self.train_dataset is None:
-            raise ValueError("train_dataset is required to train: GRPOTrainer samples its prompts from it (as in TRL).")
-        # One dataloader batch = one process's whole generation batch (the sampler repeats it per micro-step).
-        return self._get_dataloader(
-            dataset=self.train_dataset,
-            description="Training",
-            batch_size=self._train_batch_size * self.args.steps_per_generation,
-            sampler_fn=self._get_train_sampler,
-            is_training=True,
-        )
-
-    def _get_train_sampler(self, dataset=None):
-        dataset = dataset if dataset is not None else self.train_dataset
-        return RepeatSampler(
-            dataset,
-            mini_repeat_count=self.num_generations,
-            batch_size=self.args.generation_batch_size // self.num_generations,
-            repeat_count=self.generate_every,
-            shuffle=self.args.shuffle_dataset,
-            seed=self.args.seed,
-        )
-
-    def _get_eval_sampler(self, eval_dataset):
-        G = self.num_generations_eval
-        check_eval_batch(self.args)  # checked at construction too when eval_dataset was given there
-        return RepeatSampler(eval_dataset, mini_repeat_count=G, shuffle=False, seed=self.args.seed)
-
     # ----------------------------------------------------------------------------------------- rollouts
     def _prepare_inputs(self, inputs: list[dict]) -> Rollout:
         """Called once per micro-batch: generates every `generate_every` calls and serves slices."""
