@@ -5,6 +5,8 @@ reward against wall-clock, on the same backend (transformers generate), data and
     python benchmarks/async_grpo.py --mode learning --seeds 0 1 2 --steps 60   # the built-in job, per seed
     python benchmarks/async_grpo.py --quick                       # smoke run
     .venv-vllm/bin/python benchmarks/async_grpo.py --backend vllm # the same against a `replayrl vllm-serve` server
+    .venv-vllm/bin/python benchmarks/async_grpo.py --mode learning --task sparse_long --backend vllm --server-core 1 \
+        --set per_device_train_batch_size=256 top_k=null          # learning against the server (long tasks)
 
 Timing: each arm trains `steps` optimizer steps after `warmup` untimed ones; a step's time is the wall-clock between
 consecutive `on_step_end` callbacks. On the synchronous run, `generation` is the median `timing/generation` (the
@@ -16,6 +18,9 @@ can make a step slower, not faster, so both are reported).
 
 Learning (`--mode learning`): `replayrl grpo`'s built-in job (the warmed-up tiny addition policy, exact-match
 reward, replay buffer; docs/grpo.md) synchronous and asynchronous from the same seed, one torch thread per process.
+`--task long|sparse_long`: jobs with longer completions (`long_job`); `--set KEY=VALUE`
+overrides their config. Each row also gives the synchronous step, the share of it `generate()` takes, and the
+asynchronous step against the overlap limit and the synchronous step (medians after step 10).
 "to R" = seconds until the moving average (5 steps) of the training reward reaches R = 0.9 x the synchronous run's
 final moving average; "at budget" = each arm's moving average after a fixed wall-clock.
 """
@@ -72,19 +77,14 @@ def run_arm(setting: str, arm: str, seed: int, steps: int, threads: int, reward,
 
     s = SETTINGS[setting]
     torch.set_num_threads(threads)
-    if server is not None and SERVER_CORE is not None:
-        import os
-
-        os.sched_setaffinity(0, os.sched_getaffinity(0) - {SERVER_CORE})
+    if server is not None:
+        pin_trainer()
     tok = build_tokenizer()
     torch.manual_seed(seed)
     model = build_tiny_model(tok, hidden_size=s["hidden_size"], num_layers=s["num_layers"], num_heads=4, num_kv_heads=2)
     vllm = {}
     if server is not None:  # the server's model (vLLM's CPU attention needs head_dim 32)
-        model = server[0]
-        vllm = dict(
-            use_vllm=True, vllm_mode="server", vllm_server_port=server[1], vllm_importance_sampling_correction=True
-        )
+        model, vllm = server[0], vllm_fields(server)
     dataset = Dataset.from_list([{"prompt": f"{a}+{b}="} for a, b in problems()])
     args = GRPOConfig(
         output_dir=str(out),
@@ -137,8 +137,9 @@ def step_times(run: dict, warmup: int) -> list[float]:
 SERVER_CORE: int | None = None  # `--server-core N`: the vLLM server's core; the trainer is pinned to the others
 
 
-def start_server(setting: str, work: Path):
-    """A `replayrl vllm-serve` server (this interpreter: run from .venv-vllm) on a tiny model of `setting`'s size."""
+def start_server(name: str, work: Path, **model_kwargs):
+    """A `replayrl vllm-serve` server (this interpreter: run from .venv-vllm) on a tiny model (`save_tiny`'s kwargs;
+    vLLM's CPU attention needs head_dim 32). The trainers push their own weights before their first batch."""
     import os
     import subprocess
 
@@ -146,25 +147,37 @@ def start_server(setting: str, work: Path):
     from replayrl.generation.vllm_server import wait_for_server
     from replayrl.models.tiny import save_tiny
 
-    s = SETTINGS[setting]
-    folder = save_tiny(work / f"model-{setting}", hidden_size=s["hidden_size"], num_layers=s["num_layers"], num_heads=2)
+    folder = save_tiny(work / f"model-{name}", **model_kwargs)
     port = free_port()
     command = [sys.executable, "-m", "replayrl", "vllm-serve", "--model", folder, "--port", str(port)]
     command += ["--max_model_len", "128", "--dtype", "float32"]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    if (
-        SERVER_CORE is not None
-    ):  # the server on a core of its own (its OpenMP threads bound to it), the trainer on the rest
+    pin = None
+    if SERVER_CORE is not None:  # every server process (API, engine core, worker) on that core, the trainer not
         env |= {"VLLM_CPU_OMP_THREADS_BIND": str(SERVER_CORE), "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        pin = lambda: os.sched_setaffinity(0, {SERVER_CORE})  # noqa: E731 - inherited by the server's children
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, preexec_fn=pin)
     wait_for_server(f"http://127.0.0.1:{port}", 900, process)
     return process, (folder, port)
+
+
+def pin_trainer() -> None:
+    """With `--server-core`: this process (the trainer) on the cores the server does not use."""
+    import os
+
+    if SERVER_CORE is not None:
+        os.sched_setaffinity(0, os.sched_getaffinity(0) - {SERVER_CORE})
+
+
+def vllm_fields(server) -> dict:
+    return dict(use_vllm=True, vllm_mode="server", vllm_server_port=server[1], vllm_importance_sampling_correction=True)
 
 
 def timing(settings: list[str], steps: int, warmup: int, threads: int, work: Path, backend: str) -> dict:
     rows = []
     for setting in settings:
-        process, server = start_server(setting, work) if backend == "vllm" else (None, None)
+        shape = {k: SETTINGS[setting][k] for k in ("hidden_size", "num_layers")}
+        process, server = start_server(setting, work, num_heads=2, **shape) if backend == "vllm" else (None, None)
         try:
             runs = {
                 arm: run_arm(setting, arm, 0, steps + warmup, n, char_reward, work / f"{setting}-{arm}", server)
@@ -225,14 +238,16 @@ def _timed_run(trainer, arm: str, seed: int) -> dict:
     trainer.add_callback(clock.callback)
     start = time.perf_counter()
     trainer.train()
-    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h and "loss" in h]
-    return dict(arm=arm, seed=seed, stamps=[t - start for t in clock.stamps], rewards=rewards)
+    logs = [h for h in trainer.state.log_history if "reward" in h and "loss" in h]
+    rewards, generation = [h["reward"] for h in logs], [h.get("timing/generation", 0.0) for h in logs]
+    return dict(arm=arm, seed=seed, stamps=[t - start for t in clock.stamps], rewards=rewards, generation=generation)
 
 
+LONG_SERVER_MODEL = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 2}  # head_dim 32 for vLLM
 VERBOSE = "{a} plus {b} is {s}, so {a}+{b}={s}"  # `long`: the built-in task's sum, in words around it
 
 
-def long_job(task: str, arm: str, seed: int, steps: int, out: Path, overrides: dict | None = None) -> dict:
+def long_job(task: str, arm: str, seed: int, steps: int, out: Path, overrides: dict | None = None, server=None) -> dict:
     """Learning tasks whose completions are long enough for generation to be about half of the synchronous step.
 
     - `long`: the built-in task (the same prompts, split, noisy teacher and exact-match 0/1 reward) with a longer
@@ -242,6 +257,9 @@ def long_job(task: str, arm: str, seed: int, steps: int, out: Path, overrides: d
     - `sparse_long`: sparse, from a random-init policy: the first character of the completion must equal the
       prompt's first character (`replay_sparse.py`'s `echo`), completions up to 16 tokens (a random policy rarely
       stops early), learning rate 3e-3, no KL term, the replay trainer's defaults.
+
+    `server`: generate with that `replayrl vllm-serve` server (`LONG_SERVER_MODEL`'s shape; the trainer pushes its
+    weights before the first batch).
     """
     import torch
     from datasets import Dataset
@@ -253,10 +271,13 @@ def long_job(task: str, arm: str, seed: int, steps: int, out: Path, overrides: d
 
     torch.set_num_threads(1)
     tok = build_tokenizer()
-    model = build_tiny_model(tok, seed=seed, **addition.MODEL_KWARGS)
+    model = build_tiny_model(tok, seed=seed, **(LONG_SERVER_MODEL if server else addition.MODEL_KWARGS))
+    if server is not None:
+        pin_trainer()
     train, _ = addition.task_datasets(seed)
     common = dict(output_dir=str(out), max_steps=steps, logging_steps=1, save_strategy="no", report_to="none")
     common |= dict(seed=seed, disable_tqdm=True, async_generation=arm == "async", use_cpu=True)
+    common |= vllm_fields(server) if server is not None else {}
     if task == "long":
 
         def verbose(prompt: str, answer: str) -> str:
@@ -286,35 +307,66 @@ def long_job(task: str, arm: str, seed: int, steps: int, out: Path, overrides: d
     return _timed_run(trainer, arm, seed)
 
 
-def learning(seeds: list[int], steps: int, budget: float, work: Path, task: str = "builtin") -> dict:
+def learning(
+    seeds, steps: int, budget: float, work: Path, task: str = "builtin", overrides=None, backend="transformers"
+):
     """On `task` (`builtin`, or `long_job`'s `long` / `sparse_long`), per seed: R = 0.9 x the synchronous run's
     final moving-average reward; seconds each arm takes to reach R, and
     each arm's moving-average reward after `budget` seconds (`budget` 0: the synchronous run's half-time)."""
-    rows = []
-    for seed in seeds:
-        runs = {}
-        for arm in ("sync", "async"):
-            out = work / f"learn-{task}-{seed}-{arm}"
-            runs[arm] = (
-                builtin_job(arm, seed, steps, out) if task == "builtin" else long_job(task, arm, seed, steps, out)
-            )
-        target = 0.9 * smooth(runs["sync"]["rewards"])[-1]
-        cut = budget or runs["sync"]["stamps"][-1] / 2
-        row = dict(task=task, seed=seed, target=round(target, 3), budget_s=round(cut, 1))
-        for arm, run in runs.items():
-            curve = smooth(run["rewards"])
-            hit = next((i for i, r in enumerate(curve) if r >= target), None)
-            row[f"{arm}_to_target_s"] = None if hit is None else round(run["stamps"][hit], 1)
-            within = [r for r, t in zip(curve, run["stamps"]) if t <= cut]
-            row[f"{arm}_at_budget"] = round(within[-1], 3) if within else None
-            row[f"{arm}_final"] = round(curve[-1], 3)
-            row[f"{arm}_total_s"] = round(run["stamps"][-1], 1)
-            row[f"{arm}_first_step_s"] = round(run["stamps"][0], 1)  # async: includes starting the worker
-        a, s = row["async_to_target_s"], row["sync_to_target_s"]
-        row["async/sync_to_target"] = None if a is None or not s else round(a / s, 3)
-        rows.append(row)
-    print_table(rows, list(rows[0]), f"{task}, {steps} steps: wall-clock to 0.9 x the sync final reward")
+    if backend == "vllm" and task == "builtin":
+        raise ValueError("--backend vllm --mode learning runs the long tasks: add --task long or --task sparse_long")
+    process, server = start_server(task, work, **LONG_SERVER_MODEL) if backend == "vllm" else (None, None)
+    try:
+        rows = [learning_row(task, seed, steps, budget, work, overrides, server) for seed in seeds]
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(120)
+    print_table(rows, list(rows[0]), f"{task}, {steps} steps, {backend}: wall-clock to 0.9 x the sync final reward")
     return dict(rows=rows)
+
+
+def learning_row(task: str, seed: int, steps: int, budget: float, work: Path, overrides, server) -> dict:
+    """One seed: both arms, then the figures of `learning`."""
+    runs = {}
+    for arm in ("sync", "async"):
+        out = work / f"learn-{task}-{seed}-{arm}"
+        if task == "builtin":
+            runs[arm] = builtin_job(arm, seed, steps, out)
+        else:
+            runs[arm] = long_job(task, arm, seed, steps, out, overrides, server)
+    target = 0.9 * smooth(runs["sync"]["rewards"])[-1]
+    cut = budget or runs["sync"]["stamps"][-1] / 2
+    row = dict(task=task, seed=seed, target=round(target, 3), budget_s=round(cut, 1))
+    row |= step_figures(runs)
+    for arm, run in runs.items():
+        curve = smooth(run["rewards"])
+        hit = next((i for i, r in enumerate(curve) if r >= target), None)
+        row[f"{arm}_to_target_s"] = None if hit is None else round(run["stamps"][hit], 1)
+        within = [r for r, t in zip(curve, run["stamps"]) if t <= cut]
+        row[f"{arm}_at_budget"] = round(within[-1], 3) if within else None
+        row[f"{arm}_final"] = round(curve[-1], 3)
+        row[f"{arm}_total_s"] = round(run["stamps"][-1], 1)
+        row[f"{arm}_first_step_s"] = round(run["stamps"][0], 1)  # async: includes starting the worker
+    a, s = row["async_to_target_s"], row["sync_to_target_s"]
+    row["async/sync_to_target"] = None if a is None or not s else round(a / s, 3)
+    return row
+
+
+def step_figures(runs: dict, skip: int = 10) -> dict:
+    """Medians over the steps after the first `skip`: the synchronous step, its generation share, the overlap limit
+    max(generation, rest) and the asynchronous step against it."""
+    steps = {arm: step_times(run, skip) for arm, run in runs.items()}
+    sync_step = statistics.median(steps["sync"])
+    gen = statistics.median(runs["sync"]["generation"][skip + 1 :])
+    limit = max(gen, sync_step - gen)
+    async_step = statistics.median(steps["async"])
+    return dict(
+        sync_step_s=round(sync_step, 4),
+        sync_gen_share=round(gen / sync_step, 3),
+        async_vs_limit=round(async_step / limit, 3),
+        async_vs_sync_step=round(async_step / sync_step, 3),
+    )
 
 
 def main() -> None:
@@ -335,6 +387,9 @@ def main() -> None:
     parser.add_argument(
         "--server-core", type=int, default=None, help="vllm: bind the server to this core, the trainer to the others"
     )
+    parser.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="learning, long tasks: config overrides (JSON values)"
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--tag", default="")
     a = parser.parse_args()
@@ -347,7 +402,8 @@ def main() -> None:
         if a.mode == "timing":
             payload = timing(a.settings, a.steps, a.warmup, a.threads, Path(tmp), a.backend)
         else:
-            payload = learning(a.seeds, a.steps, a.budget, Path(tmp), a.task)
+            overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in a.set)}
+            payload = learning(a.seeds, a.steps, a.budget, Path(tmp), a.task, overrides, a.backend)
     payload["args"] = vars(a)
     name = (
         f"async_grpo_{a.mode}"
