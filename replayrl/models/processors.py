@@ -2,10 +2,11 @@
 
 transformers' video processors need torchvision; with a CPU-only torch there may be none that imports (the registry
 here has only CUDA builds of torchvision for torch 2.13, docs/vlm.md), and `AutoProcessor.from_pretrained` then fails
-for every processor that has a video part (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, ...) even when only images are trained.
-`load_processor` falls back to the same processor class without its video processor: the image processor (the PIL
-one where torchvision is missing), the tokenizer and the chat template, which is all image training needs. A
-processor saved that way (no video processor config) loads back through the same fallback.
+for every processor that has a video part (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 4, ...) even when only images are
+trained. `load_processor` falls back to the same processor class without its video processor: the image processor
+(the PIL one where torchvision is missing), the tokenizer, the chat template and any other part (Gemma 4's audio
+feature extractor), which is all image training needs. A processor saved that way (no video processor config) loads
+back through the same fallback.
 """
 
 from __future__ import annotations
