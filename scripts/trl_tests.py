@@ -83,6 +83,7 @@ VLM_MODELS = {
     "tiny-Gemma3ForConditionalGeneration": "gemma3",
     "tiny-Idefics2ForConditionalGeneration": "idefics2",
     "tiny-Idefics3ForConditionalGeneration": "idefics3",
+    "tiny-Gemma4ForConditionalGeneration": "gemma4",
 }
 QWEN_IDS = {"tiny-Qwen2ForCausalLM-2.5", "tiny-Qwen3MoeForCausalLM"}
 # The hub Qwen vocabulary's entries that TRL's tests hard-code, at their ids (each test spells out the text it means).

@@ -90,10 +90,10 @@ def prepare_multimodal_messages(prompt, num_images: int) -> list[dict]:
 
 
 def image_token_ids(config) -> list[int]:
-    """The placeholder token ids a VLM's config names (image, video, Gemma 3's soft image token), which the model
+    """The placeholder token ids a VLM's config names (image, video, audio, Gemma 3's soft image token), which the model
     replaces by image features: a completion must never contain one (its forward would find more placeholders
     than features), so generation suppresses them."""
-    names = ("image_token_id", "video_token_id", "image_token_index", "video_token_index")
+    names = ("image_token_id", "video_token_id", "image_token_index", "video_token_index", "audio_token_id")
     ids = {getattr(config, n, None) for n in names}
     return sorted(i for i in ids if isinstance(i, int) and i >= 0)
 

@@ -2,10 +2,11 @@
 
 transformers' video processors need torchvision; with a CPU-only torch there may be none that imports (the registry
 here has only CUDA builds of torchvision for torch 2.13, docs/vlm.md), and `AutoProcessor.from_pretrained` then fails
-for every processor that has a video part (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, ...) even when only images are trained.
-`load_processor` falls back to the same processor class without its video processor: the image processor (the PIL
-one where torchvision is missing), the tokenizer and the chat template, which is all image training needs. A
-processor saved that way (no video processor config) loads back through the same fallback.
+for every processor that has a video part (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 4, ...) even when only images are
+trained. `load_processor` falls back to the same processor class without its video processor: the image processor
+(the PIL one where torchvision is missing), the tokenizer, the chat template and any other part (Gemma 4's audio
+feature extractor), which is all image training needs. A processor saved that way (no video processor config) loads
+back through the same fallback.
 """
 
 from __future__ import annotations
@@ -18,16 +19,28 @@ logger = logging.getLogger(__name__)
 
 def without_video(cls):
     """`cls` (a processor class with a video processor) as a subclass that has none: built and loaded with its
-    image processor and tokenizer only. It keeps `cls`'s name, so `save_pretrained` records the real class."""
+    image processor, tokenizer (and any other part, e.g. Gemma 4's audio feature extractor) only. It keeps `cls`'s
+    name, so `save_pretrained` records the real class. A class whose `__init__` requires a video processor, or
+    passes it on by keyword (Gemma 4), gets ``video_processor=None``, which is dropped before `ProcessorMixin`."""
     if "video_processor" not in cls.get_attributes():
         return cls
+    from transformers.processing_utils import ProcessorMixin
 
-    class ImageOnly(cls):
+    class _DropVideo(ProcessorMixin):  # sits between `cls` and ProcessorMixin in the MRO
+        def __init__(self, *args, **kwargs):
+            kwargs.pop("video_processor", None)
+            super().__init__(*args, **kwargs)
+
+    class ImageOnly(cls, _DropVideo):
         video_processor = None
 
         @classmethod
-        def get_attributes(cls):
-            return [name for name in super().get_attributes() if name != "video_processor"]
+        def get_attributes(cls_):
+            return [name for name in cls.get_attributes() if name != "video_processor"]
+
+        @classmethod
+        def from_args_and_dict(cls_, args, processor_dict, **kwargs):
+            return super().from_args_and_dict(args, processor_dict, **{"video_processor": None, **kwargs})
 
     ImageOnly.__name__ = ImageOnly.__qualname__ = cls.__name__
     return ImageOnly

@@ -1,15 +1,16 @@
 """Offline tiny vision-language stand-ins (random weights) with a locally made processor, for tests, examples and the
-built-in VLM job: Qwen2-VL, Qwen2.5-VL, LLaVA and Gemma 3 (`FAMILIES`), LLaVA-NeXT and Qwen3-VL (`MORE_FAMILIES`),
-each the real transformers class built from a config.
+built-in VLM job: Qwen2-VL, Qwen2.5-VL, LLaVA and Gemma 3 (`FAMILIES`), LLaVA-NeXT, Qwen3-VL, Qwen3.5, Idefics2/3 and
+Gemma 4 (`MORE_FAMILIES`), each the real transformers class built from a config.
 
 The tokenizer is `replayrl.models.tiny`'s character-level one plus the family's image special tokens, with a chat
 template that renders TRL's multimodal messages (``{"type": "image"}`` / ``{"type": "text", ...}`` parts) the way
 the family's own template does. The processors use the PIL image processors (no torchvision: see
 docs/vlm.md) and leave out the video part. Images are small: 56x56 for Qwen2-VL / Qwen2.5-VL and 64x64 for
 Qwen3-VL (4 image tokens each), 28x28 for LLaVA and Gemma 3 (4 image tokens), and LLaVA-NeXT's any-resolution
-tiles of 28x28 (a base view and one tile: 4 + 6 tokens). LLaVA and LLaVA-NeXT take their features from the vision
-tower's second-to-last layer (``vision_feature_layer=-2``, as the published checkpoints and TRL's test models), so
-its last layer and post-layernorm get no gradient.
+tiles of 28x28 (a base view and one tile: 4 + 6 tokens). Gemma 4's image processor resizes every image to its
+smallest budget, 70 soft tokens (64 for a square image), whatever its size. LLaVA and LLaVA-NeXT take their features
+from the vision tower's second-to-last layer (``vision_feature_layer=-2``, as the published checkpoints and TRL's test
+models), so its last layer and post-layernorm get no gradient.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from replayrl.models.processors import without_video
 from replayrl.models.tiny import build_tokenizer
 
 Family = Literal["qwen2_vl", "qwen2_5_vl", "llava", "gemma3", "llava_next", "qwen3_vl", "qwen3_5", "qwen3_5_moe",
-                 "idefics2", "idefics3"]  # fmt: skip
+                 "idefics2", "idefics3", "gemma4"]  # fmt: skip
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "llava", "gemma3")
-MORE_FAMILIES: tuple[str, ...] = ("llava_next", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "idefics2", "idefics3")
+MORE_FAMILIES: tuple[str, ...] = ("llava_next", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "idefics2", "idefics3", "gemma4")
 # Idefics3 (SmolVLM's architecture; SmolVLM's own processor needs the num2words package): an image expands to
 # <fake_token_around_image><global-img><image>...<fake_token_around_image>; split images' row/column tokens too.
 _IDEFICS_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"] + [
@@ -34,6 +35,11 @@ _IDEFICS_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>",
 _QWEN = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe")
 _QWEN_MARKUP = "<|vision_start|><|image_pad|><|vision_end|>"
 _QWEN_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+# Gemma 4's tokenizer: its named multimodal tokens (the processor reads them by name; it checks the audio ones even
+# without audio) and its turn markers; "<|video|>" is the token Gemma4Processor adds itself.
+_GEMMA4_NAMED = {"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>",
+                 "audio_token": "<|audio|>", "boa_token": "<|audio>", "eoa_token": "<audio|>"}  # fmt: skip
+_GEMMA4_TURN = ("<|turn>", "<turn|>")
 
 # What one {"type": "image"} part renders to in each family's chat template (the processor expands it).
 _IMAGE_MARKUP = {
@@ -47,6 +53,7 @@ _IMAGE_MARKUP = {
     "gemma3": "<start_of_image>",
     "idefics2": "<image>",
     "idefics3": "<image>",
+    "gemma4": "<|image|>",  # Gemma4Processor expands it to <|image> + its soft tokens + <image|>
 }
 _IMAGE_TOKENS = {
     "qwen2_vl": ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"],
@@ -59,24 +66,32 @@ _IMAGE_TOKENS = {
     "gemma3": ["<start_of_image>", "<image_soft_token>", "<end_of_image>"],
     "idefics2": _IDEFICS_TOKENS[:3],
     "idefics3": _IDEFICS_TOKENS,
+    "gemma4": [*_GEMMA4_NAMED.values(), "<|video|>", *_GEMMA4_TURN],
 }
 IMAGE_SIZE = {"qwen2_vl": 56, "qwen2_5_vl": 56, "qwen3_vl": 64, "qwen3_5": 64, "qwen3_5_moe": 64, "llava": 28,
-              "llava_next": 28, "gemma3": 28, "idefics2": 28, "idefics3": 28}  # fmt: skip
+              "llava_next": 28, "gemma3": 28, "idefics2": 28, "idefics3": 28, "gemma4": 32}  # fmt: skip
 
 
-def _chat_template(image_markup: str) -> str:
+def _chat_template(image_markup: str, turn: tuple[str, str] = ("<|im_start|>", "<|im_end|>"),
+                   assistant: str = "assistant") -> str:  # fmt: skip
     """ChatML over string or multimodal-list contents (the tiny tokenizer's template, extended), with
-    ``{% generation %}`` marks around each assistant turn (its text and ``<|im_end|>``) for assistant-only loss."""
+    ``{% generation %}`` marks around each assistant turn (its text and end marker) for assistant-only loss.
+    ``turn`` / ``assistant``: other turn markers and the assistant's role name (Gemma 4: ``<|turn>model`` ...
+    ``<turn|>``)."""
+    start, end = turn
+    role = "message['role']"
+    if assistant != "assistant":
+        role = f"('{assistant}' if {role} == 'assistant' else {role})"
     return (
         "{% macro render(content) %}{% if content is string %}{{ content }}{% else %}"
         "{% for part in content %}"
         f"{{% if part['type'] == 'image' %}}{{{{ '{image_markup}' }}}}"
         "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}{% endmacro %}"
-        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+        f"{{% for message in messages %}}{{{{ '{start}' + {role} + '\n' }}}}"
         "{% if message['role'] == 'assistant' %}"
-        "{% generation %}{{ render(message['content']) }}{{ '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
-        "{% else %}{{ render(message['content']) }}{{ '<|im_end|>' + '\n' }}{% endif %}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+        f"{{% generation %}}{{{{ render(message['content']) }}}}{{{{ '{end}' }}}}{{% endgeneration %}}{{{{ '\n' }}}}"
+        f"{{% else %}}{{{{ render(message['content']) }}}}{{{{ '{end}' + '\n' }}}}{{% endif %}}{{% endfor %}}"
+        f"{{% if add_generation_prompt %}}{{{{ '{start}{assistant}\n' }}}}{{% endif %}}"
     )
 
 
@@ -86,6 +101,10 @@ def build_vlm_tokenizer(family: Family) -> PreTrainedTokenizerFast:
     tokenizer = build_tokenizer()
     tokenizer.add_tokens(_IMAGE_TOKENS[family], special_tokens=True)
     tokenizer.chat_template = _chat_template(_IMAGE_MARKUP[family])
+    if family == "gemma4":  # Gemma 4's turns (<|turn>user ... <turn|>, the assistant is "model"); a turn ends it
+        tokenizer.chat_template = _chat_template(_IMAGE_MARKUP[family], _GEMMA4_TURN, "model")
+        tokenizer.eos_token = _GEMMA4_TURN[1]
+        tokenizer._set_model_specific_special_tokens(special_tokens=dict(_GEMMA4_NAMED))
     if family == "gemma3":  # Gemma3Processor reads these named tokens (saved and reloaded with the tokenizer)
         named = dict(zip(("boi_token", "image_token", "eoi_token"), _IMAGE_TOKENS["gemma3"]))
         tokenizer._set_model_specific_special_tokens(special_tokens=named)  # what `extra_special_tokens={...}` does
@@ -148,11 +167,26 @@ def build_tiny_processor(family: Family):
         )
         return Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=1,
                                  chat_template=template)  # fmt: skip
+    if family == "gemma4":
+        return _gemma4_processor(tokenizer, template)
     from transformers import Gemma3Processor
 
     image_processor = _pil_image_processor("Gemma3")(size={"height": size, "width": size})
     return Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer, chat_template=template,
                            image_seq_length=4)  # fmt: skip
+
+
+def _gemma4_processor(tokenizer, template: str):
+    """Gemma4Processor from its real parts: the audio feature extractor (unused by images, but a part the processor
+    requires), the PIL image processor at its smallest budget (70 soft tokens: any image is resized to fill it, a
+    32x32 one to 64x64 pixels, 16x16 patches of 4 pixels pooled 2x2 into 64 image tokens) and no video processor
+    (torchvision, `without_video`)."""
+    from transformers import Gemma4AudioFeatureExtractor, Gemma4Processor
+
+    image_processor = _pil_image_processor("Gemma4")(patch_size=4, pooling_kernel_size=2, max_soft_tokens=70)
+    return without_video(Gemma4Processor)(feature_extractor=Gemma4AudioFeatureExtractor(),
+                                          image_processor=image_processor, tokenizer=tokenizer, video_processor=None,
+                                          chat_template=template, image_seq_length=70)  # fmt: skip
 
 
 def _text_kwargs(tokenizer, hidden_size: int, num_layers: int) -> dict:
@@ -261,6 +295,8 @@ def _config(family: Family, tokenizer, hidden_size: int, num_layers: int):
             scale_factor=2,
             tie_word_embeddings=True,
         )
+    if family == "gemma4":
+        return _gemma4_config(tokenizer, text)
     from transformers import Gemma3Config
 
     text = {**text, "head_dim": 16, "sliding_window": 64, "query_pre_attn_scalar": 16}
@@ -273,6 +309,28 @@ def _config(family: Family, tokenizer, hidden_size: int, num_layers: int):
         image_token_index=ids("<image_soft_token>"),
         tie_word_embeddings=True,
     )
+
+
+def _gemma4_config(tokenizer, text: dict):
+    """Gemma 4 as its E-series shape, tiny: per-layer embeddings (8 wide), a sliding-window layer then a full one,
+    soft-capped logits (30, as TRL's tiny Gemma 4), image tokens attending to each other both ways
+    (``use_bidirectional_attention="vision"``, driven by ``mm_token_type_ids``), no audio tower."""
+    from transformers import Gemma4Config
+
+    ids = tokenizer.convert_tokens_to_ids
+    layers = text["num_hidden_layers"]
+    text = {**text, "head_dim": 16, "global_head_dim": 16, "sliding_window": 64, "final_logit_softcapping": 30.0,
+            "layer_types": ["sliding_attention"] * (layers - 1) + ["full_attention"],
+            "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": len(tokenizer),
+            "use_bidirectional_attention": "vision"}  # fmt: skip
+    # position_embedding_size: 140 patches, the widest side the 70-token budget allows (560 pixels)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, head_dim=16, patch_size=4, pooling_kernel_size=2,
+                  position_embedding_size=140)  # fmt: skip
+    named = {f"{k[:-6]}_token_id": ids(v) for k, v in _GEMMA4_NAMED.items()}  # image_token -> image_token_id, ...
+    named["eoa_token_index"] = named.pop("eoa_token_id")
+    return Gemma4Config(text_config=text, vision_config=vision, audio_config=None, video_token_id=ids("<|video|>"),
+                        tie_word_embeddings=True, **named)  # fmt: skip
 
 
 def build_tiny_vlm(family: Family, seed: int = 0, hidden_size: int = 64, num_layers: int = 2,
