@@ -143,6 +143,9 @@ ARMS: dict[str, tuple[str, dict]] = {
         {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3, "replay_placement": "append"},
     ),
     "default_async": ("replay", {"async_generation": True}),
+    # GRESO-style prompt skipping (arXiv 2506.02177) with the append default, and alone on plain GRPO
+    "append_skip": ("replay", {"replay_placement": "append", "prompt_skipping": True}),
+    "grpo_skip": ("grpo", {"prompt_skipping": True}),
     "trl_grpo": ("trl", {}),
 }
 MAIN_ARMS = ["grpo", "replace", "append", "m2po", "trl_grpo"]
@@ -181,6 +184,13 @@ def initial_policy(task: str, seed: int):
     return model, tokenizer, task_datasets(seed)[0]
 
 
+def population_reward(logs: dict) -> float:
+    """The reward a run is judged by: that of its fresh completions, except with prompt skipping, whose generated
+    prompts are a biased choice: there, the estimate for the sampler's own draw (`prompt_skipping/drawn_reward`:
+    generated prompts at their fresh mean, skipped ones at their last group's mean)."""
+    return logs.get("prompt_skipping/drawn_reward", logs["reward"])
+
+
 def progress_callback(target: float | None, record: dict):
     """A TrainerCallback that records each logged step's wall-clock time and stops the run once the WINDOW-step
     moving average of the training reward reaches `target` (None: never stops early)."""
@@ -193,7 +203,7 @@ def progress_callback(target: float | None, record: dict):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "reward" in logs:
                 record["seconds"].append(time.perf_counter() - record["start"])
-                record["rewards"].append(logs["reward"])
+                record["rewards"].append(population_reward(logs))
                 if target is not None and smooth(record["rewards"], WINDOW)[-1] >= target:
                     control.should_training_stop = True
 
@@ -242,12 +252,14 @@ def run_arm(task: str, arm: str, seed: int, steps: int, output_dir: str, full: b
         "task": task,
         "arm": arm,
         "seed": seed,
-        "reward": [h["reward"] for h in logs],
+        "reward": [population_reward(h) for h in logs],
+        "fresh_reward": [h["reward"] for h in logs],
         "completions": [sum(generated[: i + 1]) for i in range(len(generated))],
         "gradient_tokens": [sum(tokens.get(s, 0) for s in range(1, h["step"] + 1)) for h in logs],
         "seconds": record["seconds"],
         "frac_reward_zero_std": [h.get("frac_reward_zero_std") for h in logs],
         "groups_replaced": [h.get("replay/groups_replaced") for h in logs],
+        "prompts_skipped": [h.get("prompt_skipping/skipped") for h in logs],
     }
 
 
