@@ -254,6 +254,7 @@ def run_arm(task: str, arm: str, seed: int, steps: int, output_dir: str, full: b
         "seed": seed,
         "reward": [population_reward(h) for h in logs],
         "fresh_reward": [h["reward"] for h in logs],
+        "weighted_reward": [h.get("prompt_skipping/weighted_reward") for h in logs],
         "completions": [sum(generated[: i + 1]) for i in range(len(generated))],
         "gradient_tokens": [sum(tokens.get(s, 0) for s in range(1, h["step"] + 1)) for h in logs],
         "seconds": record["seconds"],
@@ -439,9 +440,18 @@ def main(argv=None) -> None:
     p.add_argument("--report", nargs="+", default=None, help="print the tables of these result files and exit")
     p.add_argument("--markdown", action="store_true", help="with --report: markdown tables")
     p.add_argument("--plot", default=None, help="with --report: also write this PNG (under benchmarks/results/)")
+    p.add_argument(
+        "--judge",
+        choices=["fresh_reward", "weighted_reward"],
+        default=None,
+        help="with --report: judge prompt-skipping runs by this reward instead of prompt_skipping/drawn_reward",
+    )
     args = p.parse_args(argv)
     if args.report:
         runs = [r for f in args.report for r in json.loads((RESULTS_DIR / Path(f).name).read_text())["runs"]]
+        for run in runs:
+            if args.judge and run.get(args.judge) and run[args.judge][0] is not None:
+                run["reward"] = run[args.judge]
         report(runs, args.markdown)
         if args.plot:
             plot(runs, RESULTS_DIR / Path(args.plot).name)

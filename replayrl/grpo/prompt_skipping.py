@@ -88,6 +88,7 @@ class PromptHistory:
 @dataclass
 class Selection:
     rows: list[dict]  # one row per group to generate (the batch's size)
+    keep_probs: list[float]  # per row: the probability its test let it through (1 - skip probability)
     generated_drawn: list[bool]  # per group of the sampler's draw: generated (True) or skipped
     replacements: int  # prompts generated that the sampler did not draw
     filled: int  # prompts generated although their test said skip (the candidates ran out)
@@ -128,16 +129,19 @@ def select_prompts(
     fill = sorted(rejected, key=lambda r: (r[0], r[1]))[: needed - len(kept)]
     orders = {o for o, _ in kept} | {o for _, o, _ in fill}
     rows = [row for _, row in kept] + [row for _, _, row in fill]
+    keep_probs = [1.0 - history.skip_probability(prompt_key(row)) for row in rows]
     generated_drawn = [i in orders for i in range(len(drawn))]
     replacements = len(rows) - sum(generated_drawn)
     assert len(rows) == needed
-    return Selection(rows, generated_drawn, replacements, len(fill))
+    return Selection(rows, keep_probs, generated_drawn, replacements, len(fill))
 
 
-def dataset_pool(dataset, generator: torch.Generator) -> Iterator[dict]:
-    """The rows of a map-style `dataset` in an order drawn from `generator`, read lazily."""
+def dataset_pool(dataset, generator: torch.Generator, columns: list[str]) -> Iterator[dict]:
+    """The rows of a map-style `dataset` in an order drawn from `generator`, read lazily, with the dataloader's
+    `columns` (with `remove_unused_columns=True` it drops the others)."""
     for index in torch.randperm(len(dataset), generator=generator).tolist():
-        yield dataset[index]
+        row = dataset[index]
+        yield {k: row[k] for k in columns if k in row}
 
 
 def check_dataset(dataset) -> None:
@@ -173,7 +177,8 @@ def skip_prompts(trainer, inputs: list[dict]) -> list[dict]:
     step, rank = trainer.state.global_step, trainer.accelerator.process_index
     generator = torch.Generator().manual_seed(((args.seed * 1_000_003 + step) * 131 + rank) * 7 + 5)
     drawn = inputs[::G]
-    selection = select_prompts(drawn, trainer.prompt_history, dataset_pool(trainer.train_dataset, generator), generator)
+    pool = dataset_pool(trainer.train_dataset, generator, list(inputs[0]))
+    selection = select_prompts(drawn, trainer.prompt_history, pool, generator)
     trainer._prompt_selection = (drawn, selection)
     return [row for row in selection.rows for _ in range(G)]
 
@@ -182,7 +187,9 @@ def record_groups(trainer, rewards: torch.Tensor) -> None:
     """After scoring the generated groups (rewards: (B,), this process's rows in `skip_prompts`' order): every
     process's groups enter the history in rank order, `p` adapts to the global zero-std share, and the
     `prompt_skipping/*` metrics are logged. `drawn_reward` estimates the reward of the sampler's own draw (what plain
-    GRPO would have generated): a generated prompt counts its fresh group's mean, a skipped one its last known mean."""
+    GRPO would have generated): a generated prompt counts its fresh group's mean, a skipped one its last known mean
+    (pessimistic while the policy improves on prompts it failed). `weighted_reward` is the other estimate: the fresh
+    groups' means weighted by 1 / the probability their test let them through (self-normalised)."""
     from accelerate.utils import gather_object
 
     G, history, accelerator = trainer.num_generations, trainer.prompt_history, trainer.accelerator
@@ -199,9 +206,11 @@ def record_groups(trainer, rewards: torch.Tensor) -> None:
         history.record(key, is_zero, mean)
     frac_zero = sum(z for _, z, _ in records) / max(len(records), 1)
     history.adapt(frac_zero)
+    weighted = [(m / q, 1.0 / q) for m, q in zip(means, selection.keep_probs)]
     counts = [len(drawn) - sum(selection.generated_drawn), selection.replacements, selection.filled]
-    totals = torch.tensor([*map(float, counts), float(sum(drawn_means)), float(len(drawn))], device=rewards.device)
-    skipped, replacements, filled, drawn_sum, drawn_n = accelerator.reduce(totals, reduction="sum").tolist()
+    counts += [sum(drawn_means), len(drawn), sum(w for w, _ in weighted), sum(w for _, w in weighted)]
+    totals = accelerator.reduce(torch.tensor([float(c) for c in counts], device=rewards.device), reduction="sum")
+    skipped, replacements, filled, drawn_sum, drawn_n, weighted_sum, weights = totals.tolist()
     metrics = trainer._metrics["train"]
     metrics["prompt_skipping/skipped"].append(skipped)
     metrics["prompt_skipping/replacements"].append(replacements)
@@ -209,3 +218,4 @@ def record_groups(trainer, rewards: torch.Tensor) -> None:
     metrics["prompt_skipping/frac_zero_std"].append(frac_zero)
     metrics["prompt_skipping/explore"].append(history.explore)
     metrics["prompt_skipping/drawn_reward"].append(drawn_sum / max(drawn_n, 1.0))
+    metrics["prompt_skipping/weighted_reward"].append(weighted_sum / max(weights, 1e-12))
