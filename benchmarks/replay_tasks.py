@@ -30,6 +30,10 @@ task: the median over seeds with a bootstrap 95% interval (seeds resampled), the
 TRL (bootstrap interval too), gradient-carrying tokens (completion tokens with a non-zero advantage that reached the
 loss, replayed ones included) per completion generated, and the wall-clock seconds to the target.
 
+Arms with `prompt_skipping` (GRESO: `append_skip`, `grpo_skip`) generate a chosen set of prompts, so their fresh
+reward is biased; they are judged by `prompt_skipping/drawn_reward` (the sampler's own draw, skipped prompts at their
+last group's mean; `--report ... --judge fresh_reward|weighted_reward` judges them otherwise).
+
 Arm `trl_grpo` runs TRL's GRPOTrainer in its own virtualenv (`sparse_trl_worker.py --task`, the same settings mapped
 field by field, the same saved initial model, prompts and reward function). This module imports only the standard
 library at module level: the TRL worker imports the tasks from it.
