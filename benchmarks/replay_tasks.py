@@ -30,6 +30,11 @@ task: the median over seeds with a bootstrap 95% interval (seeds resampled), the
 TRL (bootstrap interval too), gradient-carrying tokens (completion tokens with a non-zero advantage that reached the
 loss, replayed ones included) per completion generated, and the wall-clock seconds to the target.
 
+Arms with `prompt_skipping` (GRESO: `append_skip`, `grpo_skip`) generate a chosen set of prompts, so their fresh
+reward is biased; they are judged by the reward of G completions sampled, outside the run's random stream and not
+counted, for every prompt the sampler drew (what the other arms' fresh reward measures); `--report ... --judge
+fresh_reward|weighted_reward|imputed_reward` judges them by the trainer's own estimates instead.
+
 Arm `trl_grpo` runs TRL's GRPOTrainer in its own virtualenv (`sparse_trl_worker.py --task`, the same settings mapped
 field by field, the same saved initial model, prompts and reward function). This module imports only the standard
 library at module level: the TRL worker imports the tasks from it.
@@ -143,6 +148,9 @@ ARMS: dict[str, tuple[str, dict]] = {
         {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3, "replay_placement": "append"},
     ),
     "default_async": ("replay", {"async_generation": True}),
+    # GRESO-style prompt skipping (arXiv 2506.02177) with the append default, and alone on plain GRPO
+    "append_skip": ("replay", {"replay_placement": "append", "prompt_skipping": True}),
+    "grpo_skip": ("grpo", {"prompt_skipping": True}),
     "trl_grpo": ("trl", {}),
 }
 MAIN_ARMS = ["grpo", "replace", "append", "m2po", "trl_grpo"]
@@ -181,6 +189,43 @@ def initial_policy(task: str, seed: int):
     return model, tokenizer, task_datasets(seed)[0]
 
 
+def population_reward(logs: dict) -> float:
+    """The reward a run is judged by: that of its fresh completions, except with prompt skipping, whose generated
+    prompts are a biased choice: there, the reward of G completions sampled (not trained on, not counted) for each
+    prompt of the sampler's own draw (`_measuring`): the same estimate as the fresh reward of the other arms."""
+    return logs.get(DRAWN_REWARD, logs["reward"])
+
+
+DRAWN_REWARD = "benchmark/drawn_reward"
+
+
+def _measuring(cls):
+    """`cls` that, with prompt skipping, also samples G completions for every prompt the sampler drew (skipped or
+    not) from the current policy, outside the run's random stream, and logs their mean reward as DRAWN_REWARD: what
+    the other arms' `reward` measures. Nothing of it is trained on or counted as generated."""
+
+    class Measuring(cls):
+        def _generate_training_batch(self, inputs):
+            if self.prompt_history is not None:
+                self._metrics["train"][DRAWN_REWARD].append(self._sample_drawn_reward(inputs))
+            return super()._generate_training_batch(inputs)
+
+        def _sample_drawn_reward(self, inputs) -> float:
+            import torch
+
+            from replayrl.grpo.generation import generate_batch
+
+            prompts = [row["prompt"] for row in inputs]
+            with torch.random.fork_rng(devices=[]), torch.no_grad():
+                gen = generate_batch(self, self._prompt_texts(prompts), "eval", add_special_tokens=True)
+            ids = [c[m.bool()].tolist() for c, m in zip(gen.completion_ids, gen.completion_mask)]
+            completions = self.processing_class.batch_decode(ids, skip_special_tokens=True)
+            rewards = self.reward_funcs.funcs[0](completions=completions, prompts=prompts)
+            return sum(rewards) / len(rewards)
+
+    return Measuring
+
+
 def progress_callback(target: float | None, record: dict):
     """A TrainerCallback that records each logged step's wall-clock time and stops the run once the WINDOW-step
     moving average of the training reward reaches `target` (None: never stops early)."""
@@ -193,7 +238,7 @@ def progress_callback(target: float | None, record: dict):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "reward" in logs:
                 record["seconds"].append(time.perf_counter() - record["start"])
-                record["rewards"].append(logs["reward"])
+                record["rewards"].append(population_reward(logs))
                 if target is not None and smooth(record["rewards"], WINDOW)[-1] >= target:
                     control.should_training_stop = True
 
@@ -229,7 +274,7 @@ def run_arm(task: str, arm: str, seed: int, steps: int, output_dir: str, full: b
         config, cls = GRPOConfig(**settings), GRPOTrainer
     model, tokenizer, train = initial_policy(task, seed)
     record: dict = {}
-    trainer = _counting(cls)(
+    trainer = _measuring(_counting(cls))(
         model=model, reward_funcs=[TASKS[task][1]], args=config, train_dataset=train, processing_class=tokenizer
     )
     trainer.remove_callback(PrinterCallback)
@@ -242,12 +287,16 @@ def run_arm(task: str, arm: str, seed: int, steps: int, output_dir: str, full: b
         "task": task,
         "arm": arm,
         "seed": seed,
-        "reward": [h["reward"] for h in logs],
+        "reward": [population_reward(h) for h in logs],
+        "fresh_reward": [h["reward"] for h in logs],
+        "weighted_reward": [h.get("prompt_skipping/weighted_reward") for h in logs],
+        "imputed_reward": [h.get("prompt_skipping/drawn_reward") for h in logs],
         "completions": [sum(generated[: i + 1]) for i in range(len(generated))],
         "gradient_tokens": [sum(tokens.get(s, 0) for s in range(1, h["step"] + 1)) for h in logs],
         "seconds": record["seconds"],
         "frac_reward_zero_std": [h.get("frac_reward_zero_std") for h in logs],
         "groups_replaced": [h.get("replay/groups_replaced") for h in logs],
+        "prompts_skipped": [h.get("prompt_skipping/skipped") for h in logs],
     }
 
 
@@ -427,9 +476,18 @@ def main(argv=None) -> None:
     p.add_argument("--report", nargs="+", default=None, help="print the tables of these result files and exit")
     p.add_argument("--markdown", action="store_true", help="with --report: markdown tables")
     p.add_argument("--plot", default=None, help="with --report: also write this PNG (under benchmarks/results/)")
+    p.add_argument(
+        "--judge",
+        choices=["fresh_reward", "weighted_reward", "imputed_reward"],
+        default=None,
+        help="with --report: judge prompt-skipping runs by this reward instead of prompt_skipping/drawn_reward",
+    )
     args = p.parse_args(argv)
     if args.report:
         runs = [r for f in args.report for r in json.loads((RESULTS_DIR / Path(f).name).read_text())["runs"]]
+        for run in runs:
+            if args.judge and run.get(args.judge) and run[args.judge][0] is not None:
+                run["reward"] = run[args.judge]
         report(runs, args.markdown)
         if args.plot:
             plot(runs, RESULTS_DIR / Path(args.plot).name)

@@ -119,7 +119,8 @@ def build_grpo_parser(all_flags: bool = False):
     # DeepSpeed ZeRO-3's generation setting (docs/distributed.md): by --help_all too
     sharded = ["ds3_gather_for_generation"]
     # the replay options that are not the default (docs/replay.md): by --help_all
-    replay_options = ["replay_m2_threshold"]
+    replay_options = ["replay_m2_threshold", "prompt_skipping", "prompt_skipping_explore"]
+    replay_options += ["prompt_skipping_target_zero_std"]
     extra = [
         ("current-TRL GRPO options (docs/grpo.md)", parity),
         ("asynchronous generation", tuning),

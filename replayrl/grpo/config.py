@@ -172,6 +172,22 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
         default="fill",
         metadata=_help("When the rounds run out: 'fill' with zero-std groups (a replay buffer swaps them), 'raise'."),
     )
+    # Prompt skipping (GRESO, arXiv:2506.02177; not in TRL): replayrl/grpo/prompt_skipping.py
+    prompt_skipping: bool = field(
+        default=False,
+        metadata=_help(
+            "Before generating, skip (with a probability growing with the streak) prompts whose recent groups all had "
+            "zero reward variance, and generate other prompts of the training set in their place (GRESO)."
+        ),
+    )
+    prompt_skipping_explore: float = field(
+        default=0.5,
+        metadata=_help("GRESO's p: a prompt with a streak of z zero-std groups is generated w.p. max(p**z, 0.01)."),
+    )
+    prompt_skipping_target_zero_std: float | None = field(
+        default=0.25,
+        metadata=_help("p moves by 0.01 per batch toward this share of zero-std groups (GRESO); None: p fixed."),
+    )
     on_unscored_batch: str = field(
         default="warn",
         metadata=_help(
@@ -276,6 +292,20 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
                 self.dynamic_sampling_on_exhausted in ("fill", "raise"),
                 "dynamic_sampling_on_exhausted must be 'fill' or 'raise' "
                 f"(got {self.dynamic_sampling_on_exhausted!r}).",
+            ),
+            (
+                0 < self.prompt_skipping_explore <= 1,
+                f"prompt_skipping_explore must be in (0, 1] (got {self.prompt_skipping_explore}); GRESO: 0.5.",
+            ),
+            (
+                self.prompt_skipping_target_zero_std is None or 0 <= self.prompt_skipping_target_zero_std <= 1,
+                "prompt_skipping_target_zero_std must be in [0, 1] or None "
+                f"(got {self.prompt_skipping_target_zero_std}); GRESO: 0.25.",
+            ),
+            (
+                not (self.prompt_skipping and self.async_generation),
+                "prompt_skipping=True with async_generation=True is not supported: the worker generates ahead in the "
+                "sampler's order, before the skip decision. Set one of them to False.",
             ),
             (
                 self.on_unscored_batch in ("warn", "raise"),

@@ -40,6 +40,7 @@ from replayrl.grpo.config import GRPOConfig
 from replayrl.grpo.environments import EnvironmentMixin, build_environments, environment_dataset, environment_rewards
 from replayrl.grpo.generation import engine_correction, generate_batch, prompt_images
 from replayrl.grpo.objective import EntropyController, Inputs, grpo_objective
+from replayrl.grpo.prompt_skipping import build_prompt_history, record_groups, skip_prompts
 from replayrl.grpo.reporting import GRPOMetricsMixin
 from replayrl.grpo.rollout import Rollout, known_or
 from replayrl.grpo.rollout_func import run_rollout_func
@@ -179,6 +180,7 @@ class GRPOTrainer(
             args, self.accelerator.unwrap_model(self.model), processing_class, self.generation_config
         )
         self._setup_async_generation()  # async_generation: a worker samples ahead (grpo/async_rollouts.py)
+        self.prompt_history = build_prompt_history(args, self.train_dataset)  # prompt_skipping, else None
         self._synced_step: int | None = None  # optimizer step whose weights the generator has
         self._step = 0  # micro-batches served so far (drives when to generate)
         self._micro_batches: list[Rollout] | None = None
@@ -235,8 +237,13 @@ class GRPOTrainer(
         return batch
 
     def _generate_training_batch(self, inputs: list[dict]) -> Rollout:
-        """Generate and score a training batch; with `dynamic_sampling`, keep only groups with reward variance."""
+        """Generate and score a training batch; with `prompt_skipping`, skipped prompts are replaced first; with
+        `dynamic_sampling`, keep only groups with reward variance."""
+        if self.prompt_history is not None:  # GRESO (grpo/prompt_skipping.py)
+            inputs = skip_prompts(self, inputs)
         rollout = self._generate_and_score(inputs, mode="train")
+        if self.prompt_history is not None:
+            record_groups(self, rollout.rewards)
         if self.args.dynamic_sampling:
             from replayrl.grpo.dynamic_sampling import fill_with_informative_groups
 
@@ -471,6 +478,7 @@ class GRPOTrainer(
         if self.args.sync_ref_model:
             state["ref_model"] = full_state_dict(self.accelerator.unwrap_model(self.ref_model))
         state["async"] = None if self._async is None else self._async.state_dict()  # in-flight batches: saved
+        state["prompt_skipping"] = None if self.prompt_history is None else self.prompt_history.state_dict()
         return state
 
     def _load_extra_state(self, state: dict) -> None:
@@ -486,6 +494,8 @@ class GRPOTrainer(
             load_full_state_dict(self.accelerator.unwrap_model(self.ref_model), state["ref_model"])
         if state.get("async") is not None and self._async is not None:
             self._async.load_state_dict(state["async"])
+        if state.get("prompt_skipping") is not None and self.prompt_history is not None:
+            self.prompt_history.load_state_dict(state["prompt_skipping"])
 
     def _checkpoint_settings(self) -> dict:
         return {**super()._checkpoint_settings(), "num_generations": self.num_generations}
