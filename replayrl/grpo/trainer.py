@@ -237,8 +237,7 @@ class GRPOTrainer(
         return batch
 
     def _generate_training_batch(self, inputs: list[dict]) -> Rollout:
-        """Generate and score a training batch; with `prompt_skipping`, skipped prompts are replaced first; with
-        `dynamic_sampling`, keep only groups with reward variance."""
+        """Generate and score a training batch (`prompt_skipping`: replace skipped prompts; `dynamic_sampling`)."""
         if self.prompt_history is not None:  # GRESO (grpo/prompt_skipping.py)
             inputs = skip_prompts(self, inputs)
         rollout = self._generate_and_score(inputs, mode="train")
