@@ -151,5 +151,5 @@ def run(name: str, out: str) -> dict:
         "initial": initial,
         "sharding": sharding_report(resumed.model),
         "checkpoint": sorted(str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*")),
-        "buffers": [buffer_of(trainer) for trainer in (resumed, straight) if hasattr(trainer, "replay_buffer")],
+        "buffers": [buffer_of(t) for t in (resumed, straight) if getattr(t, "replay_buffer", None) is not None],
     }
