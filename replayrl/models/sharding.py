@@ -181,7 +181,58 @@ def is_sharded(model: nn.Module) -> bool:
     return any(is_zero3_param(p) or is_dtensor(p) for p in model.parameters())
 
 
-def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Load whole tensors (`full_state_dict`) into ``model``; under ZeRO-3 they are partitioned again on exit."""
+def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor], strict: bool = True):
+    """Load whole tensors (`full_state_dict`) into ``model``; under ZeRO-3 they are partitioned again on exit, under
+    FSDP2 each process keeps its shard of them (`shard_like`). Returns `load_state_dict`'s missing/unexpected keys."""
     with gathered_parameters(model.parameters(), modifier_rank=0):
-        model.load_state_dict(state)
+        return model.load_state_dict(shard_like(state, model), strict=strict)
+
+
+def shard_like(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """Whole tensors as ``model.state_dict()`` holds them: where that is an FSDP2 ``DTensor``, this process's shard
+    of the whole tensor as a ``DTensor`` of the same layout (sliced locally: every process has the whole tensor, so
+    nothing is sent); other entries unchanged."""
+    current = model.state_dict()
+    if not any(is_dtensor(t) for t in current.values()):
+        return state
+    from torch.distributed.tensor import distribute_tensor
+
+    def shard(key: str, value: torch.Tensor) -> torch.Tensor:
+        target = current.get(key)
+        if target is None or not is_dtensor(target):
+            return value
+        value = value.to(device=target.device, dtype=target.dtype)
+        return distribute_tensor(value, target.device_mesh, target.placements, src_data_rank=None)
+
+    return {key: shard(key, value) for key, value in state.items()}
+
+
+def local_optimizer_state(optimizer) -> dict:
+    """``optimizer.state_dict()`` as a per-process state file can hold it: every FSDP2 ``DTensor`` (moments of a
+    sharded parameter) replaced by this process's shard, and the places where that was done listed under
+    ``"dtensors"`` (`sharded_optimizer_state` puts the layout back). Without DTensors, the state dict itself."""
+    state = optimizer.state_dict()
+    places = [[index, key] for index, entry in state["state"].items() for key, v in entry.items() if is_dtensor(v)]
+    if not places:
+        return state
+    entries = {i: {k: v.to_local() if is_dtensor(v) else v for k, v in e.items()} for i, e in state["state"].items()}
+    return {**state, "state": entries, "dtensors": places}
+
+
+def sharded_optimizer_state(optimizer, state: dict) -> dict:
+    """`local_optimizer_state`'s output for ``optimizer.load_state_dict``: each listed shard becomes a ``DTensor``
+    laid out like its parameter (the same world size and sharding as when it was saved: the checkpoint's settings
+    check refuses another world size)."""
+    places = state.get("dtensors")
+    if not places:
+        return state
+    from torch.distributed.tensor import DTensor
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    entries = {i: dict(e) for i, e in state["state"].items()}
+    for index, key in places:
+        param, local = params[int(index)], entries[index][key]
+        entries[index][key] = DTensor.from_local(
+            local.to(param.device), param.device_mesh, param.placements, shape=param.shape, stride=param.stride()
+        )
+    return {k: v for k, v in state.items() if k != "dtensors"} | {"state": entries}

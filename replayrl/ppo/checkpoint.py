@@ -4,7 +4,10 @@ LR scheduler, KL controller, score statistics, RNG streams, step) through `repla
 atomic files, a completeness marker written last. Resuming from one continues exactly as the uninterrupted run.
 Under DeepSpeed the engine writes its own checkpoint of the model and optimizer partitions (``global_step<N>/``,
 as transformers' Trainer does) in place of the optimizer entry, and the model folder holds whole weights gathered
-from ZeRO-3's partitions.
+from ZeRO-3's partitions. Under FSDP2 the model folder holds the whole weights too (gathered, as accelerate's
+``FULL_STATE_DICT``), and each process's state file its shard of the optimizer state (accelerate's sharded optimizer
+state, in safetensors): on resume each process slices its shard of the weights from the whole ones and takes its
+optimizer shard back (`replayrl.models.sharding.local_optimizer_state`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,13 @@ from replayrl.checkpoints import (
     save_extra_state,
     set_rng_state,
 )
-from replayrl.models.sharding import full_state_dict, is_sharded
+from replayrl.models.sharding import (
+    full_state_dict,
+    is_sharded,
+    load_full_state_dict,
+    local_optimizer_state,
+    sharded_optimizer_state,
+)
 
 STATE_NAME = "ppo_state_rank{rank}"
 
@@ -47,7 +56,7 @@ def save_checkpoint(trainer, output_dir: str | Path, step: int) -> Path:
         trainer.model.save_checkpoint(str(directory), tag=f"global_step{step}")
     state = {
         "step": step,
-        "optimizer": None if trainer.is_deepspeed else trainer.optimizer.state_dict(),
+        "optimizer": None if trainer.is_deepspeed else local_optimizer_state(trainer.optimizer),
         "lr_scheduler": trainer.lr_scheduler.state_dict() if trainer.lr_scheduler is not None else None,
         "kl_ctl": trainer.kl_ctl.state_dict(),
         "running": trainer.running.state_dict(),
@@ -82,7 +91,7 @@ def load_checkpoint(trainer, directory: Path) -> int:
         trainer.model.load_checkpoint(str(directory), tag=tag, load_optimizer_states=True)
     else:
         _load_model_weights(trainer.accelerator.unwrap_model(trainer.model), directory)
-        trainer.optimizer.load_state_dict(state["optimizer"])
+        trainer.optimizer.load_state_dict(sharded_optimizer_state(trainer.optimizer, state["optimizer"]))
     if trainer.lr_scheduler is not None and state["lr_scheduler"] is not None:
         trainer.lr_scheduler.load_state_dict(state["lr_scheduler"])
     trainer.kl_ctl.load_state_dict(state["kl_ctl"])
@@ -95,7 +104,8 @@ def load_checkpoint(trainer, directory: Path) -> int:
 
 @torch.no_grad()
 def _load_model_weights(model, directory: Path) -> None:
-    """Weights saved by `AutoModelForCausalLMWithValueHead.save_pretrained` back into ``model`` in place."""
+    """Weights saved by `AutoModelForCausalLMWithValueHead.save_pretrained` back into ``model`` in place (under
+    FSDP2 each process keeps its shard of them)."""
     from safetensors.torch import load_file
 
     from replayrl.models.value_head import HEAD_PREFIX, PEFT_HEAD_FILE
@@ -109,9 +119,9 @@ def _load_model_weights(model, directory: Path) -> None:
         files = sorted(directory.glob("model*.safetensors"))
         state = {k: v for f in files for k, v in load_file(str(f)).items()}
         base = {k: v for k, v in state.items() if not k.startswith(HEAD_PREFIX)}
-        missing, unexpected = model.pretrained_model.load_state_dict(base, strict=False)
+        missing, unexpected = load_full_state_dict(model.pretrained_model, base, strict=False)
         tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
         if set(missing) - tied or unexpected:
             raise ValueError(f"checkpoint {directory} does not match the model: missing {missing}, extra {unexpected}")
     head = {k.removeprefix(HEAD_PREFIX): v for k, v in state.items() if k.startswith(HEAD_PREFIX)}
-    model.v_head.load_state_dict(head)
+    load_full_state_dict(model.v_head, head)

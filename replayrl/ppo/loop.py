@@ -18,7 +18,6 @@ from transformers import GenerationConfig
 from replayrl.data.prompts import is_conversational, prompts_to_text, tokenize_prompts
 from replayrl.generation.hf import generate_completions
 from replayrl.model_card import write_card_for_run
-from replayrl.models.sharding import is_dtensor
 from replayrl.ppo.checkpoint import load_checkpoint, save_checkpoint, save_model
 from replayrl.rewards.functions import RewardFunctions
 
@@ -45,12 +44,6 @@ def train(
     _check_dataset(trainer, dataset, prompt_column)
     if resume_from_checkpoint not in (None, False) and not config.output_dir:
         raise ValueError("resume_from_checkpoint needs config.output_dir (where the checkpoints are).")
-    if config.save_steps and config.output_dir and any(is_dtensor(p) for p in trainer.model.parameters()):
-        raise ValueError(
-            f"PPOTrainer.train() with save_steps={config.save_steps} under FSDP2: PPO's checkpoints do not hold "
-            "sharded optimizer state yet. Set save_steps=None (the final model is still saved), or use "
-            "DeepSpeed ZeRO-2/3 or DDP for checkpoints."
-        )
     funcs = RewardFunctions(reward_funcs, reward_processing_classes, reward_weights)
     generation_config = _generation_config(trainer, generation_kwargs or {})
     start = 0

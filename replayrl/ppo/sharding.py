@@ -15,7 +15,8 @@ PPO runs its own loop on its own `Accelerator`, so what transformers' Trainer do
 - **Generation** (`generation_context`): under ZeRO-3 the policy's weights are gathered once per call
   (``ds3_gather_for_generation``); under FSDP2 the value-head wrapper's own group (what no decoder-layer unit holds:
   embeddings, final norm, head) is unsharded for the call, because `generate` runs the language model inside the
-  wrapper, never the wrapper's forward, whose hook would gather it.
+  wrapper, never the wrapper's forward, whose hook would gather it (and would make the wrapper FSDP2's root: done
+  here before the first call).
 """
 
 from __future__ import annotations
@@ -78,6 +79,10 @@ def generation_context(model_wrapped, accelerator, gather_zero3: bool) -> Iterat
         if not isinstance(model, FSDPModule):
             yield model
             return
+        # FSDP2 picks its root at the first forward: `generate` before any forward of the wrapper (the first thing
+        # `train()` does) would make the first decoder layer a root of its own, and the wrapper's forward then
+        # fails ("already lazily initialized"). So the wrapper is made the root first, as its forward would.
+        model._get_fsdp_state()._lazy_init()
         model.unshard()
         try:
             yield model

@@ -2,7 +2,7 @@
 a 4-step run that writes checkpoint-2 on its way, and a new trainer resumed from that checkpoint to step 4 (what a
 run stopped after checkpoint-2 resumes from, without training its first 2 steps twice). AdamW (its moments are in
 the checkpoint: DeepSpeed's own partitions under ZeRO), a learning rate that moves the weights, every trainer's own
-data and settings from its "2 processes == 1" worker."""
+data and settings from its "2 processes == 1" worker (GRPO: the settings of tests/grpo/fsdp_worker.py's resume)."""
 
 from __future__ import annotations
 
@@ -93,13 +93,44 @@ def distillation(output_dir: str, max_steps: int):
     return DistillationTrainer(student, teacher, args=args, train_dataset=prompt_dataset(16), processing_class=tok)
 
 
-BUILDERS = {"sft": sft, "dpo": dpo, "rloo": rloo, "kto": kto, "reward": reward, "distillation": distillation}
+def grpo(output_dir: str, max_steps: int, replay: bool = False):
+    """GRPO (sampling, a KL term against the reference: a partitioned engine under ZeRO-3) or, with ``replay``,
+    GRPOWithReplayBufferTrainer (its buffer is in every rank's state file; no reference)."""
+    from replayrl import GRPOConfig, GRPOTrainer, GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
+    from replayrl.models.tiny import build_tiny_model, build_tokenizer, prompt_dataset
+    from tests.grpo.fsdp_worker import varied_reward
+
+    tok = build_tokenizer()
+    settings = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=6, bf16=False)
+    settings.update(gradient_checkpointing=False, **(dict(replay_buffer_size=8, beta=0.0) if replay else {"beta": 0.1}))
+    config, trainer = (GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer) if replay else (GRPOConfig, GRPOTrainer)
+    return trainer(model=build_tiny_model(tok, **SMALL), reward_funcs=varied_reward,
+                   args=config(**common(output_dir, max_steps, **settings)), train_dataset=prompt_dataset(16),
+                   processing_class=tok)  # fmt: skip
+
+
+def grpo_replay(output_dir: str, max_steps: int):
+    return grpo(output_dir, max_steps, replay=True)
+
+
+BUILDERS = {
+    "grpo": grpo,
+    "grpo_replay": grpo_replay,
+    "sft": sft,
+    "dpo": dpo,
+    "rloo": rloo,
+    "kto": kto,
+    "reward": reward,
+    "distillation": distillation,
+}
 
 
 def run(name: str, out: str) -> dict:
     """Every process: a 4-step run that saves checkpoint-2 on its way, and a new trainer (in another output_dir)
     resumed from that checkpoint to step 4; returns their logged metrics, whole parameters, the parameters before
-    training and the checkpoint's files."""
+    training, the checkpoint's files and (GRPO with replay) both final buffers."""
+    from tests.grpo.fsdp_worker import buffer_of
+
     build = BUILDERS[name]
     straight = build(os.path.join(out, "straight"), 4)
     initial = full_params(straight.model)
@@ -120,4 +151,5 @@ def run(name: str, out: str) -> dict:
         "initial": initial,
         "sharding": sharding_report(resumed.model),
         "checkpoint": sorted(str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*")),
+        "buffers": [buffer_of(t) for t in (resumed, straight) if getattr(t, "replay_buffer", None) is not None],
     }

@@ -6,6 +6,7 @@ One `accelerate launch` per strategy runs all the trainers' workers in turn (tes
 checks then run the single-process side here. Under ZeRO-3 every parameter is partitioned (each process holds half
 of the elements, the reference model's too); under FSDP2 every parameter is a DTensor (accelerate's FSDP2 path
 let through on CPU by the test-only patch, docs/distributed.md). Skipped where DeepSpeed is not installed.
+Exact resume under each strategy: tests/distributed/test_resume.py (marker `distributed_resume`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from tests.distributed.launch import launch_strategy, strategy_flags
-from tests.distributed.worker import BY_HAND, WORKERS
+from tests.distributed.worker import BY_HAND, RESUMES, WORKERS
 
 WORKER = Path(__file__).with_name("worker.py")
 PORTS = {"zero2": 29651, "zero3": 29653, "fsdp2": 29655}
@@ -28,10 +29,8 @@ def launched(request, tmp_path_factory) -> tuple[str, dict]:
     strategy = request.param
     if strategy in DEEPSPEED:
         pytest.importorskip("deepspeed", reason="DeepSpeed runs need `pip install replayrl[deepspeed]`")
-    resumes = {"sft_resume", "dpo_resume", "rloo_resume", "ppo_resume"}  # ZeRO-3 only, for time
-    refused = {"ppo_checkpoints_refused"}  # FSDP2 only
-    skip = {"zero2": {"grpo_no_gather", *resumes, *refused}, "zero3": refused, "fsdp2": {"grpo_no_gather", *resumes}}
-    names = [n for n in WORKERS if n not in skip[strategy] and WORKERS[n] not in BY_HAND]
+    skip = {"zero2": {"grpo_no_gather"}, "zero3": set(), "fsdp2": {"grpo_no_gather"}}  # a ZeRO-3 setting
+    names = [n for n in WORKERS if n not in skip[strategy] and WORKERS[n] not in (*BY_HAND, *RESUMES)]
     out = tmp_path_factory.mktemp(strategy)
     return strategy, launch_strategy(strategy, WORKER, out, PORTS[strategy], *names)
 
@@ -151,46 +150,6 @@ def test_distillation(launched, tokenizer, tmp_path):
     check_two_equal_one(results["distillation"], tokenizer, tmp_path)
 
 
-def zero_cpu_variant(stage: int, tmp_path: Path) -> Path:
-    """examples/accelerate/deepspeed_zero{stage}.yaml for this machine: 2 processes, fp32, and the DeepSpeed
-    settings from a config file that forces partitioning (`launch.deepspeed_config`)."""
-    import json
-
-    import yaml
-
-    from tests.distributed.launch import deepspeed_config
-    from tests.grpo.test_fsdp import CONFIGS
-
-    config = yaml.safe_load((CONFIGS / f"deepspeed_zero{stage}.yaml").read_text())
-    ds_file = tmp_path / f"ds_zero{stage}.json"
-    ds_file.write_text(json.dumps(deepspeed_config(stage)))
-    config.update(num_processes=2)
-    config.pop("mixed_precision")  # the DeepSpeed config file says fp32 (accelerate refuses both)
-    config["deepspeed_config"] = {"deepspeed_config_file": str(ds_file), "zero3_init_flag": stage == 3}
-    path = tmp_path / f"deepspeed_zero{stage}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("stage", [3])  # ZeRO-2 passes too (run by hand: [2, 3]); kept out for time
-def test_resume_under_deepspeed_is_exact(stage, tmp_path):
-    """GRPOWithReplayBufferTrainer stopped after checkpoint-2 (DeepSpeed's own checkpoint of the partitioned
-    model and optimizer, plus replayrl's per-rank state files and marker) and resumed to step 4: both ranks'
-    buffers restored, metrics of steps 1-4 (rel 1e-5) and the final buffer equal an uninterrupted run's."""
-    pytest.importorskip("deepspeed", reason="DeepSpeed runs need `pip install replayrl[deepspeed]`")
-    from tests.grpo.test_fsdp import check_resume, launch
-
-    out = tmp_path / "resume"
-    env = strategy_flags(f"zero{stage}", tmp_path)[1]  # DS_ACCELERATOR=cpu, no ACCELERATE_USE_CPU
-    ranks = launch(zero_cpu_variant(stage, tmp_path), "resume", out, 29660 + stage, env=env)
-    assert all(r["distributed_type"] == "DistributedType.DEEPSPEED" and r["zero_stage"] == stage for r in ranks)
-    for r in ranks:
-        assert_sharded("zero3" if stage == 3 else "zero2", r["sharding"])
-    check_resume(ranks, out)
-    assert list((out / "checkpoint-2").glob("global_step*"))  # DeepSpeed's checkpoint of the engine
-
-
 @pytest.mark.slow
 def test_builtin_grpo_job_under_the_shipped_zero3_yaml(tmp_path):
     """docs/distributed.md's CPU command: the shipped deepspeed_zero3.yaml as is, with the CPU overrides
@@ -299,57 +258,6 @@ def test_ppo_gradient_accumulation(launched, tmp_path):
 
 
 @pytest.mark.slow
-def test_ppo_resume_is_exact(launched):
-    """PPOTrainer.train() resumed from checkpoint-2 to step 4 in a new trainer: parameters (rtol 1e-5), KL
-    coefficient and the metrics of steps 3-4 (rel 1e-5) equal the uninterrupted run's. The engine's own checkpoint
-    (model and optimizer partitions) is in checkpoint-2 beside the gathered model. ZeRO-3 only, for time (ZeRO-2
-    passes too: run by hand); FSDP2: PPO's checkpoints are refused there (docs/distributed.md)."""
-    strategy, results = launched
-    if strategy != "zero3":
-        pytest.skip("run under ZeRO-3 only (time)")
-    result = results["ppo_resume"]
-    for a, b in zip(result["full"], result["resumed"], strict=True):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
-    assert result["kl"][0] == pytest.approx(result["kl"][1], rel=1e-5)
-    whole, resumed = result["metrics"]
-    assert [r["step"] for r in whole] == [1, 2, 3, 4] and [r["step"] for r in resumed] == [3, 4]
-    for a, b in zip(whole[2:], resumed):
-        for key in ("ppo/loss/total", "reward", "objective/kl"):
-            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
-    files = result["checkpoint"]
-    assert "full/checkpoint-2/model.safetensors" in files and "full/checkpoint-2/replayrl_complete.json" in files
-    if strategy in DEEPSPEED:
-        assert any(f.startswith("full/checkpoint-2/global_step2/") for f in files), files
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["sft", "dpo", "rloo"])
-def test_resume_under_zero3_is_exact(launched, name):
-    """SFT, DPO (its reference a partitioned engine, read at every step) and RLOO (sampling, KL to the partitioned
-    reference) under ZeRO-3 with every parameter partitioned: a new trainer resumed from checkpoint-2 of a 4-step
-    run (DeepSpeed's `global_step2/` with both ranks' model and optimizer partitions, replayrl's per-rank state files
-    and marker) logs the same metrics at steps 1-4 (rel 1e-5) and ends with the same parameters (rtol 1e-5, atol
-    1e-7) as the run that was not interrupted, and they moved from the start."""
-    strategy, results = launched
-    if strategy != "zero3":
-        pytest.skip("run under ZeRO-3 only (time); GRPO with replay resumes under ZeRO-2 too")
-    result = results[f"{name}_resume"]
-    assert_sharded(strategy, result["sharding"])
-    resumed, straight = result["resumed_logs"], result["straight_logs"]
-    assert [h["step"] for h in resumed] == [h["step"] for h in straight] == [1, 2, 3, 4]
-    for a, b in zip(resumed, straight):
-        assert a.keys() == b.keys()
-        for key in a:
-            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), (a["step"], key)
-    for a, b in zip(result["resumed"], result["straight"], strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
-    assert not all(torch.equal(a, b) for a, b in zip(result["initial"], result["resumed"], strict=True))  # trained
-    files = result["checkpoint"]
-    assert {"replayrl_complete.json", "replayrl_state_rank0.json", "replayrl_state_rank1.json"} <= set(files), files
-    assert sum(f.startswith("global_step2/") and f.endswith("optim_states.pt") for f in files) == 2, files
-
-
-@pytest.mark.slow
 def test_grpo_with_a_reward_model(launched, tokenizer, tmp_path):
     """A reward model in reward_funcs: under ZeRO-3 a partitioned inference engine as in TRL (each process holds at
     most 0.55 of its elements); on every strategy its scores on each process's completions equal one process's
@@ -370,13 +278,3 @@ def test_grpo_with_a_reward_model(launched, tokenizer, tmp_path):
     for prompts, completions, scores in result["reward_model_scores"]:
         assert scores == pytest.approx(funcs._score_with_model(classifier, tokenizer, prompts, completions), rel=1e-5)
     check_grpo_step(result, tokenizer, tmp_path)
-
-
-@pytest.mark.slow
-def test_ppo_checkpoints_under_fsdp2_are_refused(launched):
-    strategy, results = launched
-    if strategy != "fsdp2":
-        pytest.skip("an FSDP2 refusal")
-    result = results["ppo_checkpoints_refused"]
-    assert result["error"] and "save_steps=1 under FSDP2" in result["error"] and "save_steps=None" in result["error"]
-    assert not result["metrics"]  # refused before the first step

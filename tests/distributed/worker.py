@@ -4,7 +4,6 @@ in turn (one process start and one DeepSpeed import for all) and saves {name: re
 
 import os
 import sys
-from pathlib import Path
 
 import torch
 
@@ -114,67 +113,31 @@ def ppo_resume(out: str) -> dict:
     return run(out)
 
 
-def ppo_checkpoints_refused(out: str) -> dict:
-    """FSDP2: PPOTrainer.train() with save_steps is refused before any step (sharded optimizer state)."""
-    from tests.ppo.dist_resume import letters, trainer_for
-
-    trainer = trainer_for(Path(out), steps=1, save_steps=1)
-    try:
-        trainer.train([letters])
-    except ValueError as err:
-        return {"error": str(err), "metrics": os.path.exists(os.path.join(out, "metrics.jsonl"))}
-    return {"error": None}
-
-
-def sft_resume(out: str) -> dict:
-    from tests.distributed.resume import run
-
-    return run("sft", out)
-
-
-def dpo_resume(out: str) -> dict:
-    from tests.distributed.resume import run
-
-    return run("dpo", out)
-
-
-def rloo_resume(out: str) -> dict:
-    from tests.distributed.resume import run
-
-    return run("rloo", out)
-
-
 def ppo_lora(out: str) -> dict:  # by hand (not in CI, for time): see BY_HAND
     from tests.ppo.dist_step import run
 
     return run(out, lora=True)
 
 
-def kto_resume(out: str) -> dict:  # by hand (not in CI, for time): see BY_HAND
-    from tests.distributed.resume import run
+def _resume(name: str):
+    def worker(out: str) -> dict:
+        from tests.distributed.resume import run
 
-    return run("kto", out)
+        return run(name, out)
 
-
-def reward_resume(out: str) -> dict:  # by hand
-    from tests.distributed.resume import run
-
-    return run("reward", out)
-
-
-def distillation_resume(out: str) -> dict:  # by hand
-    from tests.distributed.resume import run
-
-    return run("distillation", out)
+    worker.__name__ = f"{name}_resume"
+    return worker
 
 
 TRAINERS = (dpo, dpo_sync_ref, reward, grpo, grpo_no_gather, grpo_peft, grpo_reward_model, rloo, kto, sft, distillation)
-RESUMES = (sft_resume, dpo_resume, rloo_resume, ppo_resume)
-# Not launched by test_strategies.py (time). By hand: results = tests.distributed.launch.launch_strategy("zero3",
-# WORKER, out, port, "kto_resume", "reward_resume", "distillation_resume"), then for each name
-# test_strategies.test_resume_under_zero3_is_exact(("zero3", results), name).
-BY_HAND = (kto_resume, reward_resume, distillation_resume, ppo_lora)
-WORKERS = {f.__name__: f for f in (*TRAINERS, ppo, ppo_accumulate, ppo_checkpoints_refused, *RESUMES, *BY_HAND)}
+# Exact resume of every trainer (tests/distributed/test_resume.py, its own launch per strategy, marker
+# `distributed_resume`: run by .ci/run after the main suite).
+RESUME_TRAINERS = ("grpo", "grpo_replay", "rloo", "sft", "reward", "dpo", "kto", "distillation")
+RESUMES = (*(_resume(name) for name in RESUME_TRAINERS), ppo_resume)
+# Not launched by the tests (time). By hand: tests.distributed.launch.launch_strategy("zero3", WORKER, out, port,
+# "ppo_lora"), then test_strategies.test_ppo's checks on the result.
+BY_HAND = (ppo_lora,)
+WORKERS = {f.__name__: f for f in (*TRAINERS, ppo, ppo_accumulate, *RESUMES, *BY_HAND)}
 
 
 def main(out: str, names: list[str]) -> None:

@@ -41,11 +41,12 @@ def run(out: str) -> dict:
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     from replayrl.metrics import read_metrics
-    from tests.distributed.launch import full_params
+    from tests.distributed.launch import full_params, sharding_report
 
     unset_hf_deepspeed_config()  # an earlier ZeRO-3 Trainer of the worker would build the tiny model partitioned
     out, gen = Path(out), {"generation_kwargs": {"max_new_tokens": 4}}
     full = trainer_for(out / "full", steps=4, save_steps=2)  # checkpoint-2 on its way
+    initial = full_params(full.accelerator.unwrap_model(full.model))
     full.train([letters], **gen)
     resumed = trainer_for(out / "resumed", steps=4)
     resumed.train([letters], resume_from_checkpoint=str(out / "full" / "checkpoint-2"), **gen)
@@ -55,6 +56,21 @@ def run(out: str) -> dict:
         "kl": (full.kl_ctl.value, resumed.kl_ctl.value),
         "metrics": (read_metrics(out / "full" / "metrics.jsonl"), read_metrics(out / "resumed" / "metrics.jsonl")),
         "checkpoint": sorted(str(p.relative_to(out)) for p in (out / "full" / "checkpoint-2").rglob("*")),
+        "initial": initial,
+        "sharding": sharding_report(resumed.model),
+        "optimizer_files": [optimizer_file(out / "full" / "checkpoint-2", rank) for rank in range(2)],
     }
     AcceleratorState._reset_state()
     return result
+
+
+def optimizer_file(checkpoint: Path, rank: int) -> dict | None:
+    """What rank ``rank``'s state file holds of the optimizer (None under DeepSpeed: the engine's own files):
+    how many of its tensors were FSDP2 shards, and its moments' elements (vs the parameters' whole elements)."""
+    from replayrl.checkpoints import load_extra_state
+
+    optimizer = load_extra_state(checkpoint, f"ppo_state_rank{rank}")["optimizer"]
+    if optimizer is None:
+        return None
+    moments = [v for entry in optimizer["state"].values() for k, v in entry.items() if k != "step"]
+    return {"dtensors": len(optimizer.get("dtensors", [])), "elements": sum(v.numel() for v in moments)}
