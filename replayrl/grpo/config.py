@@ -294,20 +294,6 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
                 f"(got {self.dynamic_sampling_on_exhausted!r}).",
             ),
             (
-                0 < self.prompt_skipping_explore <= 1,
-                f"prompt_skipping_explore must be in (0, 1] (got {self.prompt_skipping_explore}); GRESO: 0.5.",
-            ),
-            (
-                self.prompt_skipping_target_zero_std is None or 0 <= self.prompt_skipping_target_zero_std <= 1,
-                "prompt_skipping_target_zero_std must be in [0, 1] or None "
-                f"(got {self.prompt_skipping_target_zero_std}); GRESO: 0.25.",
-            ),
-            (
-                not (self.prompt_skipping and self.async_generation),
-                "prompt_skipping=True with async_generation=True is not supported: the worker generates ahead in the "
-                "sampler's order, before the skip decision. Set one of them to False.",
-            ),
-            (
                 self.on_unscored_batch in ("warn", "raise"),
                 f"on_unscored_batch must be 'warn' or 'raise' (got {self.on_unscored_batch!r}).",
             ),
@@ -315,6 +301,9 @@ class GRPOConfig(TRLParityArguments, TrainingArguments):
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        from replayrl.grpo.prompt_skipping import validate_config
+
+        validate_config(self)
         _warn_sequence_level_token_sum(self)
         validate_parity(self)
         if self.async_generation:

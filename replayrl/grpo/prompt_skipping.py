@@ -144,6 +144,29 @@ def dataset_pool(dataset, generator: torch.Generator, columns: list[str]) -> Ite
         yield {k: row[k] for k in columns if k in row}
 
 
+def validate_config(args) -> None:
+    """GRPOConfig's checks of the prompt-skipping fields (ValueError naming the fix)."""
+    checks = [
+        (
+            0 < args.prompt_skipping_explore <= 1,
+            f"prompt_skipping_explore must be in (0, 1] (got {args.prompt_skipping_explore}); GRESO: 0.5.",
+        ),
+        (
+            args.prompt_skipping_target_zero_std is None or 0 <= args.prompt_skipping_target_zero_std <= 1,
+            "prompt_skipping_target_zero_std must be in [0, 1] or None "
+            f"(got {args.prompt_skipping_target_zero_std}); GRESO: 0.25.",
+        ),
+        (
+            not (args.prompt_skipping and args.async_generation),
+            "prompt_skipping=True with async_generation=True is not supported: the worker generates ahead in the "
+            "sampler's order, before the skip decision. Set one of them to False.",
+        ),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+
+
 def check_dataset(dataset) -> None:
     """prompt_skipping draws replacement prompts by index: a map-style dataset with a `prompt` column."""
     if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
@@ -199,8 +222,10 @@ def record_groups(trainer, rewards: torch.Tensor) -> None:
     means = rewards.view(-1, G).nan_to_num(0.0).mean(1).tolist()
     local = [(prompt_key(row), bool(z), float(m)) for row, z, m in zip(selection.rows, zero, means)]
     fresh = {key: m for key, _, m in local}
-    drawn_means = [fresh.get(prompt_key(r)) if g else history.last_mean.get(prompt_key(r), 0.0) for r, g in
-                   zip(drawn, selection.generated_drawn)]  # fmt: skip
+    drawn_keys = [prompt_key(row) for row in drawn]  # generated: its fresh mean; skipped: its last known one
+    drawn_means = [
+        fresh[k] if g else history.last_mean.get(k, 0.0) for k, g in zip(drawn_keys, selection.generated_drawn)
+    ]
     records = [item for items in gather_object([local]) for item in items]
     for key, is_zero, mean in records:
         history.record(key, is_zero, mean)

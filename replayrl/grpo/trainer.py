@@ -155,30 +155,14 @@ class GRPOTrainer(
         # OwnLossScalingMixin back-propagates as is on every transformers version.
         self.num_generations = args.num_generations
         self.num_generations_eval = args.num_generations_eval or args.num_generations
-        # Config values TRL's GRPOTrainer also exposes as attributes (read by users' code; not by ours).
-        self.beta, self.num_iterations, self.loss_type = args.beta, args.num_iterations, args.loss_type
-        self.epsilon_low, self.epsilon_high, self.temperature = args.epsilon, args.epsilon_high, args.temperature
-        self.scale_rewards, self.multi_objective_aggregation = args.scale_rewards, args.multi_objective_aggregation
-        self.importance_sampling_level, self.use_vllm = args.importance_sampling_level, args.use_vllm
-        self.max_completion_length, self.pad_to_multiple_of = args.max_completion_length, args.pad_to_multiple_of
-        self.mask_truncated_completions = args.mask_truncated_completions
-        self.top_entropy_quantile = args.top_entropy_quantile
-        self.off_policy_mask_threshold = args.off_policy_mask_threshold
-        self.max_tool_calling_iterations = args.max_tool_calling_iterations
+        self._set_trl_attributes(args)
         self.aux_loss_enabled, self.router_aux_loss_coef = options.router_aux_loss_settings(
             model, args.router_aux_loss_coef
         )
         self.entropy_control = EntropyController.from_args(args)
         self._entropy_denominator: dict[str, float] = {}
         self.generate_every = args.steps_per_generation * args.num_iterations
-        self.generation_config = build_generation_config(args, text_tokenizer(processing_class))
-        if image_token_ids(model.config):  # a VLM: completions must not contain image placeholders
-            self.generation_config.suppress_tokens = image_token_ids(model.config)
-        if args.generation_kwargs:  # TRL: they override the other generation options
-            self.generation_config.update(**args.generation_kwargs)
-        self.generator = build_backend(
-            args, self.accelerator.unwrap_model(self.model), processing_class, self.generation_config
-        )
+        self._setup_generation(args, model, processing_class)
         self._setup_async_generation()  # async_generation: a worker samples ahead (grpo/async_rollouts.py)
         self.prompt_history = build_prompt_history(args, self.train_dataset)  # prompt_skipping, else None
         self._synced_step: int | None = None  # optimizer step whose weights the generator has
@@ -196,6 +180,17 @@ class GRPOTrainer(
             if self.ref_model is None:
                 raise ValueError("sync_ref_model=True needs a reference model: set beta > 0 and do not use PEFT.")
             self.add_callback(SyncRefModelCallback(self))
+
+    def _setup_generation(self, args: GRPOConfig, model, processing_class) -> None:
+        """The generation config (TRL's `generation_kwargs` override the other options) and the backend."""
+        self.generation_config = build_generation_config(args, text_tokenizer(processing_class))
+        if image_token_ids(model.config):  # a VLM: completions must not contain image placeholders
+            self.generation_config.suppress_tokens = image_token_ids(model.config)
+        if args.generation_kwargs:
+            self.generation_config.update(**args.generation_kwargs)
+        self.generator = build_backend(
+            args, self.accelerator.unwrap_model(self.model), processing_class, self.generation_config
+        )
 
     @staticmethod
     def _default_config(output_dir: str) -> GRPOConfig:

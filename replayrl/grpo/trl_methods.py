@@ -16,6 +16,18 @@ from replayrl.models.lm_head import forward_to_head
 class TRLMethodsMixin:
     """A mixin of `GRPOTrainer` (uses its `accelerator`, `args` and `entropy_control`)."""
 
+    def _set_trl_attributes(self, args) -> None:
+        """Config values TRL's GRPOTrainer also exposes as attributes (read by users' code; not by ours)."""
+        self.beta, self.num_iterations, self.loss_type = args.beta, args.num_iterations, args.loss_type
+        self.epsilon_low, self.epsilon_high, self.temperature = args.epsilon, args.epsilon_high, args.temperature
+        self.scale_rewards, self.multi_objective_aggregation = args.scale_rewards, args.multi_objective_aggregation
+        self.importance_sampling_level, self.use_vllm = args.importance_sampling_level, args.use_vllm
+        self.max_completion_length, self.pad_to_multiple_of = args.max_completion_length, args.pad_to_multiple_of
+        self.mask_truncated_completions = args.mask_truncated_completions
+        self.top_entropy_quantile = args.top_entropy_quantile
+        self.off_policy_mask_threshold = args.off_policy_mask_threshold
+        self.max_tool_calling_iterations = args.max_tool_calling_iterations
+
     @staticmethod
     def get_off_policy_mask(
         advantages: Tensor,

@@ -211,9 +211,8 @@ def _qwen_vision_tokens(ids) -> dict[str, int]:
     return {key: ids(token) for key, token in names.items()}
 
 
-def _config(family: Family, tokenizer, hidden_size: int, num_layers: int):
-    text = _text_kwargs(tokenizer, hidden_size, num_layers)
-    ids = tokenizer.convert_tokens_to_ids
+def _qwen_config(family: Family, text: dict, ids, hidden_size: int, num_layers: int):
+    """The Qwen-VL families (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 dense and MoE): M-RoPE text, tiny vision tower."""
     if family == "qwen2_vl":
         from transformers import Qwen2VLConfig
 
@@ -260,6 +259,14 @@ def _config(family: Family, tokenizer, hidden_size: int, num_layers: int):
             **_qwen_vision_tokens(ids),
             tie_word_embeddings=True,
         )
+    raise ValueError(f"not a Qwen-VL family: {family!r}")
+
+
+def _config(family: Family, tokenizer, hidden_size: int, num_layers: int):
+    text = _text_kwargs(tokenizer, hidden_size, num_layers)
+    ids = tokenizer.convert_tokens_to_ids
+    if family.startswith("qwen"):
+        return _qwen_config(family, text, ids, hidden_size, num_layers)
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                   image_size=IMAGE_SIZE[family], patch_size=14)  # fmt: skip
     if family in ("llava", "llava_next"):
