@@ -152,6 +152,15 @@ ARMS: dict[str, tuple[str, dict]] = {
     "append_skip": ("replay", {"replay_placement": "append", "prompt_skipping": True}),
     "grpo_skip": ("grpo", {"prompt_skipping": True}),
     "trl_grpo": ("trl", {}),
+    # rollout-level priorities (arXiv 2606.04560): G buffered rollouts per zero-std group, drawn by |A| / max(A, 0)
+    "append_rollout": ("replay", {"replay_placement": "append", "replay_unit": "rollout"}),
+    "append_rollout_pos": (
+        "replay",
+        {"replay_placement": "append", "replay_unit": "rollout", "replay_rollout_priority": "positive_advantage"},
+    ),
+    # two optimizer steps per generation batch (mu = num_iterations = 2): `steps` counts generation batches
+    "append_mu2": ("replay", {"replay_placement": "append", "num_iterations": 2}),
+    "grpo_mu2": ("grpo", {"num_iterations": 2}),
 }
 MAIN_ARMS = ["grpo", "replace", "append", "m2po", "trl_grpo"]
 
@@ -267,7 +276,9 @@ def run_arm(task: str, arm: str, seed: int, steps: int, output_dir: str, full: b
     from replayrl import GRPOConfig, GRPOTrainer, GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
 
     kind, overrides = ARMS[arm]
-    settings = {**SETTINGS, **overrides, "max_steps": steps, "seed": seed, "output_dir": output_dir}
+    # `steps` counts generation batches: with num_iterations = mu, each is trained on mu optimizer steps
+    max_steps = steps * overrides.get("num_iterations", 1)
+    settings = {**SETTINGS, **overrides, "max_steps": max_steps, "seed": seed, "output_dir": output_dir}
     if kind == "replay":
         config, cls = GRPOWithReplayBufferConfig(**settings), GRPOWithReplayBufferTrainer
     else:

@@ -17,6 +17,7 @@ from replayrl.grpo.rollout import Rollout
 from replayrl.replay.trl_compat import ScoredHeap, is_trl_add
 
 ReplayScore = Literal["adv_std", "variance", "uniform"]
+RolloutPriority = Literal["abs_advantage", "positive_advantage"]
 
 
 def group_score(rewards: Tensor, advantages: Tensor, kind: ReplayScore) -> float:
@@ -34,6 +35,21 @@ def group_score(rewards: Tensor, advantages: Tensor, kind: ReplayScore) -> float
     if kind == "uniform":
         return 1.0
     raise ValueError(f"replay score must be one of 'adv_std', 'variance', 'uniform' (got {kind!r}).")
+
+
+def rollout_priority(advantages: Tensor, kind: RolloutPriority) -> Tensor:
+    """Priority of each stored rollout (row) for `replay_unit="rollout"`. advantages: (N,), each row's advantage
+    within the group it was generated in.
+
+    - "abs_advantage": |A_i| (arXiv 2606.04560's advantage-prioritized rollouts): with 0/1 rewards a group's rare
+      successes carry most of it, its failures the rest;
+    - "positive_advantage": max(A_i, 0): only rollouts that did better than their group are replayed.
+    """
+    if kind == "abs_advantage":
+        return advantages.abs()
+    if kind == "positive_advantage":
+        return advantages.clamp(min=0)
+    raise ValueError(f"replay rollout priority must be 'abs_advantage' or 'positive_advantage' (got {kind!r}).")
 
 
 @dataclass
@@ -147,6 +163,35 @@ class ReplayBuffer:
         if self.max_reuse is not None:
             self.groups = [g for g in self.groups if g.reuse < self.max_reuse]
         return chosen
+
+    def sample_rollouts(self, num_samples: int, priority: RolloutPriority) -> list[tuple[ReplayGroup, int]]:
+        """Up to `num_samples` distinct rollouts (group, row index) drawn across every buffered group with
+        probability proportional to `rollout_priority` (none of priority 0). A group whose rollouts were drawn
+        counts one reuse per call (`max_reuse`)."""
+        if self._trl_style:
+            raise ValueError("replay_unit='rollout' needs replayrl's own buffer, not a TRL-style one.")
+        rows = [(g, i) for g in self.groups for i in range(g.rollout.num_rows)]
+        if not rows:
+            return []
+        weights = rollout_priority(torch.cat([g.rollout.advantages.float() for g in self.groups]), priority)
+        k = min(num_samples, int((weights > 0).sum()))
+        if k == 0:
+            return []
+        picked = torch.multinomial(weights.double(), k, replacement=False, generator=self.generator).tolist()
+        chosen = [rows[j] for j in picked]
+        for g in {g.uid: g for g, _ in chosen}.values():
+            g.reuse += 1
+        if self.max_reuse is not None:
+            self.groups = [g for g in self.groups if g.reuse < self.max_reuse]
+        return chosen
+
+    def num_rollouts(self, priority: RolloutPriority) -> int:
+        """How many stored rollouts `sample_rollouts` could draw (priority above 0)."""
+        if self._trl_style or not self.groups:
+            return 0
+        return int(
+            (rollout_priority(torch.cat([g.rollout.advantages.float() for g in self.groups]), priority) > 0).sum()
+        )
 
     def reconfigure(self, capacity: int, max_age: int | None, max_reuse: int | None) -> None:
         """Take new limits (on resume with other settings): over capacity, the highest-scored groups stay."""

@@ -44,6 +44,17 @@ class GRPOWithReplayBufferConfig(GRPOConfig):
             "2606.04560); 'replace': swapped in (TRL's)."
         },
     )
+    replay_unit: Literal["group", "rollout"] = field(
+        default="group",
+        metadata={
+            "help": "With replay_placement='append': each zero-std group earns one buffered group ('group') or G "
+            "buffered rollouts drawn across the buffer by replay_rollout_priority ('rollout', arXiv 2606.04560)."
+        },
+    )
+    replay_rollout_priority: Literal["abs_advantage", "positive_advantage"] = field(
+        default="abs_advantage",
+        metadata={"help": "replay_unit='rollout': draw rollouts in proportion to |A| or to max(A, 0)."},
+    )
     replay_importance_cap: float | None = field(
         default=2.0,
         metadata={
@@ -73,6 +84,19 @@ class GRPOWithReplayBufferConfig(GRPOConfig):
             )
         if self.replay_placement not in ("replace", "append"):
             raise ValueError(f"replay_placement must be 'replace' or 'append' (got {self.replay_placement!r}).")
+        if self.replay_unit not in ("group", "rollout"):
+            raise ValueError(f"replay_unit must be 'group' or 'rollout' (got {self.replay_unit!r}).")
+        if self.replay_rollout_priority not in ("abs_advantage", "positive_advantage"):
+            raise ValueError(
+                "replay_rollout_priority must be 'abs_advantage' or 'positive_advantage' "
+                f"(got {self.replay_rollout_priority!r})."
+            )
+        if self.replay_unit == "rollout" and (self.replay_placement != "append" or self.replay_strategy == "mix"):
+            raise ValueError(
+                f"replay_unit='rollout' appends buffered rollouts: it needs replay_placement='append' (got "
+                f"{self.replay_placement!r}) and replay_strategy 'group' or 'mix_then_group' (got "
+                f"{self.replay_strategy!r}). Set replay_unit='group' or change those."
+            )
         for name in ("replay_max_age", "replay_max_reuse"):
             value = getattr(self, name)
             if value is not None and value < 1:

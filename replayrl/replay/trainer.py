@@ -165,27 +165,52 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
 
     def _append_buffered_groups(self, rollout: Rollout) -> Rollout:
         """Fresh-anchored replay (arXiv 2606.04560): every fresh group stays in the batch and each zero-std group of
-        the global batch earns one buffered group, appended to the rows of the process that owns the zero-std
-        group. Appended rows keep the batch divisible into `steps_per_generation` micro-batches: a process's count
-        is rounded down to a multiple of `steps_per_generation / gcd(G, steps_per_generation)` groups."""
-        G, spg = self.num_generations, self.args.steps_per_generation
+        the global batch earns one buffered group (`replay_unit="rollout"`: G buffered rollouts drawn across the
+        buffer, `_append_buffered_rollouts`), appended to the rows of the process that owns the zero-std group.
+        Appended rows keep the batch divisible into `steps_per_generation` micro-batches and into groups of G: a
+        process's count is rounded down to a multiple of lcm(G, steps_per_generation) rows."""
+        G = self.num_generations
         zero = algos.zero_std_groups(rollout.rewards, G, self.args.replay_zero_std_atol)
         all_zero = self.accelerator.gather(zero)  # same decisions on every rank
         self.replay_buffer.evict_stale(self.state.global_step)
-        unit = spg // math.gcd(G, spg)
-        available, shares = len(self.replay_buffer), []
-        for n_zero in all_zero.view(self.accelerator.num_processes, -1).sum(1).tolist():
-            take = min(int(n_zero), available)
-            shares.append(take - take % unit)
-            available -= shares[-1]
-        picks = self.replay_buffer.sample(num_samples=sum(shares))
-        first = sum(shares[: self.accelerator.process_index])
-        local = picks[first : first + shares[self.accelerator.process_index]]
+        if getattr(self.args, "replay_unit", "group") == "rollout":
+            return self._append_buffered_rollouts(rollout, all_zero)
+        picks, local = self._draw_shares(all_zero, len(self.replay_buffer), G, self.replay_buffer.sample)
         self._log_replacement(all_zero, picks, appended=True)
         if not local:
             return rollout
         groups = [self._as_replayed(p.rollout, rollout) for p in local]
         return Rollout.concat([rollout, *groups], pad_token_id=self.generation_config.pad_token_id)
+
+    def _append_buffered_rollouts(self, rollout: Rollout, all_zero: Tensor) -> Rollout:
+        """Rollout-level replay: each zero-std group earns G rollouts drawn across the whole buffer with probability
+        proportional to `replay_rollout_priority` (one draw, the same on every process). The appended rows keep
+        their stored advantages and behaviour log-probs; every G of them form a replayed pseudo-group, which is
+        never stored again."""
+        G, priority = self.num_generations, self.args.replay_rollout_priority
+        available = self.replay_buffer.num_rollouts(priority)
+        picks, local = self._draw_shares(
+            all_zero, available, 1, lambda n: self.replay_buffer.sample_rollouts(n, priority), per_zero=G
+        )
+        self._log_replacement(all_zero, [g for g, _ in picks], appended=True, rows=len(picks))
+        if not local:
+            return rollout
+        rows = [self._as_replayed(g.rollout.rows(slice(i, i + 1)), rollout) for g, i in local]
+        return Rollout.concat([rollout, *rows], pad_token_id=self.generation_config.pad_token_id)
+
+    def _draw_shares(self, all_zero: Tensor, available: int, size: int, draw, per_zero: int = 1) -> tuple[list, list]:
+        """(every pick, this process's picks): each process's zero-std groups ask for `per_zero` items of `size`
+        rows each, at most `available` in all, each share rounded down to whole lcm(G, steps_per_generation) rows;
+        one `draw(total)` serves all processes in rank order."""
+        unit = math.lcm(self.num_generations, self.args.steps_per_generation) // size
+        shares = []
+        for n_zero in all_zero.view(self.accelerator.num_processes, -1).sum(1).tolist():
+            take = min(int(n_zero) * per_zero, available)
+            shares.append(take - take % unit)
+            available -= shares[-1]
+        picks = draw(sum(shares)) if sum(shares) else []
+        first = sum(shares[: self.accelerator.process_index])
+        return picks, picks[first : first + shares[self.accelerator.process_index]]
 
     def _rollout_from_update(self, out: dict, rollout: Rollout, assignment: dict) -> Rollout:
         """The Rollout that `update_with_replay_buffer`'s dict describes. Per-row fields the dict lacks (rewards,
@@ -251,14 +276,18 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
             raise RuntimeError("A buffered group lacks reference log-probs although beta > 0.")
         return group.with_(replayed=torch.ones_like(group.replayed))
 
-    def _log_replacement(self, all_zero: Tensor, picks: list, appended: bool = False) -> None:
+    def _log_replacement(self, all_zero: Tensor, picks: list, appended: bool = False, rows: int | None = None) -> None:
+        """Replay metrics of one batch. picks: the buffered groups drawn (with `rows`, the rollout-level draw: the
+        group of each of its `rows` rollouts, which count as rows / G groups)."""
         m = self._metrics["train"]
-        n_zero = int(all_zero.sum())
+        n_zero, n_groups = int(all_zero.sum()), len(picks) if rows is None else rows / self.num_generations
         m["replay/buffer_size"].append(float(len(self.replay_buffer)))
-        m["replay/groups_replaced"].append(float(len(picks)))
-        m["replay/shortfall"].append(float(n_zero - len(picks)))
+        m["replay/groups_replaced"].append(float(n_groups))
+        m["replay/shortfall"].append(float(n_zero - n_groups))
+        if rows is not None:
+            m["replay/rollouts_appended"].append(float(rows))
         if appended:  # the zero-std groups stay in the batch, which grows by the appended groups
-            m["replay/frac_zero_std_trained"].append(n_zero / (all_zero.numel() + len(picks)))
+            m["replay/frac_zero_std_trained"].append(n_zero / (all_zero.numel() + n_groups))
         else:
             m["replay/frac_zero_std_trained"].append((n_zero - len(picks)) / all_zero.numel())
         if picks:  # the same list on every rank, so no collective is needed
