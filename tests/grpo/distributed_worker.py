@@ -4,6 +4,7 @@ grpo:   one SGD step of GRPOTrainer; saves the global batch that was trained on 
         step, so the test can recompute the same step in a single process.
 replay: GRPOWithReplayBufferTrainer where rank 1's prompts only ever get zero-std rewards; saves what each rank
         trained on and its buffer, to show one logical buffer across processes.
+replay_rollout: the same with replay_unit="rollout" (rollouts drawn across the buffer, one draw for all ranks).
 """
 
 import os
@@ -108,8 +109,9 @@ def main(mode: str, out: str) -> None:
             torch.save(result, os.path.join(out, "result.pt"))
     else:
         args = GRPOWithReplayBufferConfig(
-            **common(out), max_steps=4, replay_buffer_size=8, beta=0.0, learning_rate=1e-2, per_device_eval_batch_size=4
-        )
+            **common(out), max_steps=4, replay_buffer_size=8, beta=0.0, learning_rate=1e-2,
+            per_device_eval_batch_size=4, replay_unit="rollout" if mode == "replay_rollout" else "group",
+        )  # fmt: skip
         trainer = GRPOWithReplayBufferTrainer(
             model=model, reward_funcs=rank1_is_flat, args=args, train_dataset=prompt_dataset(32), processing_class=tok
         )
@@ -122,7 +124,7 @@ def main(mode: str, out: str) -> None:
 
         trainer.compute_loss = spy
         trainer.train()
-        buffer = [(g.uid, round(g.score, 6), g.version) for g in trainer.replay_buffer.groups]
+        buffer = [(g.uid, round(g.score, 6), g.version, g.reuse) for g in trainer.replay_buffer.groups]
         summary = {
             "rank": trainer.accelerator.process_index,
             "buffer": buffer,

@@ -75,8 +75,9 @@ def check_grpo_step(result: dict, tokenizer, tmp_path: Path) -> None:
         torch.testing.assert_close(p0 - p.grad, after, rtol=1e-4, atol=1e-6)
 
 
-def test_replay_buffer_is_shared_across_processes(tmp_path):
-    ranks = launch("replay", tmp_path / "replay")
+@pytest.mark.parametrize("mode", ["replay", "replay_rollout"])
+def test_replay_buffer_is_shared_across_processes(tmp_path, mode):
+    ranks = launch(mode, tmp_path / mode)
     assert [r["rank"] for r in ranks] == [0, 1]
     assert ranks[0]["buffer"] == ranks[1]["buffer"] and ranks[0]["buffer"]  # one logical buffer
     # rank 1 never produces a group with signal: its replayed rows can only come from rank 0's groups
