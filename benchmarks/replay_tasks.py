@@ -129,40 +129,58 @@ TASKS: dict[str, tuple[str, object, float, bool]] = {
     "near_sum": ("warm", near_sum_reward, 0.8, True),
 }
 # arm -> (trainer, config overrides). `replace` is the replay default before issue 30 (swap, importance cap 2, max
-# age 10); `append` is the default since (fresh-anchored); `default_async` is GRPOWithReplayBufferConfig() as it is,
-# with asynchronous generation.
+# age 10); `append` the default from then (fresh-anchored, one buffered group per zero-std group); since the
+# rollout-level arms, `append_rollout_pos` is the default (GRPOWithReplayBufferConfig()); `default_async` is
+# GRPOWithReplayBufferConfig() as it is, with asynchronous generation.
 ARMS: dict[str, tuple[str, dict]] = {
     "grpo": ("grpo", {}),
     "replace": ("replay", {"replay_placement": "replace"}),
-    "append": ("replay", {"replay_placement": "append"}),
+    "append": ("replay", {"replay_placement": "append", "replay_unit": "group"}),
     "mix_group": ("replay", {"replay_strategy": "mix_then_group", "replay_placement": "replace"}),
-    "mix_group_append": ("replay", {"replay_strategy": "mix_then_group", "replay_placement": "append"}),
+    "mix_group_append": (
+        "replay",
+        {"replay_strategy": "mix_then_group", "replay_placement": "append", "replay_unit": "group"},
+    ),
     "m2po": ("replay", {"replay_placement": "replace", "replay_m2_threshold": 0.04, "replay_importance_cap": None}),
     "append_m2po": (
         "replay",
-        {"replay_placement": "append", "replay_m2_threshold": 0.04, "replay_importance_cap": None},
+        {
+            "replay_placement": "append",
+            "replay_unit": "group",
+            "replay_m2_threshold": 0.04,
+            "replay_importance_cap": None,
+        },
     ),
     "dynamic": ("grpo", {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3}),
     "dynamic_append": (
         "replay",
-        {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3, "replay_placement": "append"},
+        {
+            "dynamic_sampling": True,
+            "dynamic_sampling_max_rounds": 3,
+            "replay_placement": "append",
+            "replay_unit": "group",
+        },
     ),
     "default_async": ("replay", {"async_generation": True}),
-    # GRESO-style prompt skipping (arXiv 2506.02177) with the append default, and alone on plain GRPO
-    "append_skip": ("replay", {"replay_placement": "append", "prompt_skipping": True}),
+    # GRESO-style prompt skipping (arXiv 2506.02177) with the group-level append, and alone on plain GRPO
+    "append_skip": ("replay", {"replay_placement": "append", "replay_unit": "group", "prompt_skipping": True}),
     "grpo_skip": ("grpo", {"prompt_skipping": True}),
     "trl_grpo": ("trl", {}),
-    # rollout-level priorities (arXiv 2606.04560): G buffered rollouts per zero-std group, drawn by |A| / max(A, 0)
-    "append_rollout": ("replay", {"replay_placement": "append", "replay_unit": "rollout"}),
+    # rollout-level priorities (arXiv 2606.04560): G buffered rollouts per zero-std group, drawn by |A| / max(A, 0);
+    # `append_rollout_pos` is GRPOWithReplayBufferConfig() since (written out: the arm keeps its meaning)
+    "append_rollout": (
+        "replay",
+        {"replay_placement": "append", "replay_unit": "rollout", "replay_rollout_priority": "abs_advantage"},
+    ),
     "append_rollout_pos": (
         "replay",
         {"replay_placement": "append", "replay_unit": "rollout", "replay_rollout_priority": "positive_advantage"},
     ),
     # two optimizer steps per generation batch (mu = num_iterations = 2): `steps` counts generation batches
-    "append_mu2": ("replay", {"replay_placement": "append", "num_iterations": 2}),
+    "append_mu2": ("replay", {"replay_placement": "append", "replay_unit": "group", "num_iterations": 2}),
     "grpo_mu2": ("grpo", {"num_iterations": 2}),
 }
-MAIN_ARMS = ["grpo", "replace", "append", "m2po", "trl_grpo"]
+MAIN_ARMS = ["grpo", "append", "append_rollout", "append_rollout_pos", "trl_grpo"]
 
 
 def teacher_answer(a: int, b: int, rng: random.Random) -> str:

@@ -45,15 +45,19 @@ class GRPOWithReplayBufferConfig(GRPOConfig):
         },
     )
     replay_unit: Literal["group", "rollout"] = field(
-        default="group",
+        default="rollout",
         metadata={
-            "help": "With replay_placement='append': each zero-std group earns one buffered group ('group') or G "
-            "buffered rollouts drawn across the buffer by replay_rollout_priority ('rollout', arXiv 2606.04560)."
+            "help": "What replay_placement='append' adds per zero-std group: G buffered rollouts drawn across the "
+            "buffer by replay_rollout_priority ('rollout', arXiv 2606.04560) or one buffered group ('group'). "
+            "'replace' always swaps whole groups (TRL's)."
         },
     )
-    replay_rollout_priority: Literal["abs_advantage", "positive_advantage"] = field(
-        default="abs_advantage",
-        metadata={"help": "replay_unit='rollout': draw rollouts in proportion to |A| or to max(A, 0)."},
+    replay_rollout_priority: Literal["positive_advantage", "abs_advantage"] = field(
+        default="positive_advantage",
+        metadata={
+            "help": "replay_unit='rollout': draw rollouts in proportion to max(A, 0) (those that beat their group, "
+            "as self-imitation learning) or to |A|."
+        },
     )
     replay_importance_cap: float | None = field(
         default=2.0,
@@ -90,12 +94,6 @@ class GRPOWithReplayBufferConfig(GRPOConfig):
             raise ValueError(
                 "replay_rollout_priority must be 'abs_advantage' or 'positive_advantage' "
                 f"(got {self.replay_rollout_priority!r})."
-            )
-        if self.replay_unit == "rollout" and (self.replay_placement != "append" or self.replay_strategy == "mix"):
-            raise ValueError(
-                f"replay_unit='rollout' appends buffered rollouts: it needs replay_placement='append' (got "
-                f"{self.replay_placement!r}) and replay_strategy 'group' or 'mix_then_group' (got "
-                f"{self.replay_strategy!r}). Set replay_unit='group' or change those."
             )
         for name in ("replay_max_age", "replay_max_reuse"):
             value = getattr(self, name)

@@ -36,7 +36,7 @@ class Recorder(GRPOWithReplayBufferTrainer):
 def make(tokenizer, dataset, tmp_path, cls=Recorder, **overrides):
     model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
     settings = dict(per_device_train_batch_size=8, max_steps=8, replay_buffer_size=8, learning_rate=5e-2, beta=0.0)
-    settings.update({"replay_placement": "append", **overrides})
+    settings.update({"replay_placement": "append", "replay_unit": "group", **overrides})
     args = tiny_args(GRPOWithReplayBufferConfig, tmp_path, **settings)
     return cls(model=model, reward_funcs=task_reward, args=args, train_dataset=dataset, processing_class=tokenizer)
 
@@ -105,7 +105,9 @@ def test_resume_with_appended_groups_continues_exactly(tokenizer, dataset, tmp_p
 
 
 def test_append_is_the_default_and_a_bad_placement_is_refused(tmp_path):
-    assert GRPOWithReplayBufferConfig(output_dir=str(tmp_path)).replay_placement == "append"
+    config = GRPOWithReplayBufferConfig(output_dir=str(tmp_path))
+    assert (config.replay_placement, config.replay_unit) == ("append", "rollout")
+    assert config.replay_rollout_priority == "positive_advantage"
     with pytest.raises(ValueError, match="replay_placement must be"):
         GRPOWithReplayBufferConfig(output_dir=str(tmp_path), replay_placement="concat")
 

@@ -58,8 +58,8 @@ def test_sample_rollouts_draws_distinct_prioritised_rows_and_counts_one_reuse_pe
 @pytest.mark.parametrize(
     "overrides",
     [
-        {},
-        {"replay_rollout_priority": "positive_advantage"},
+        {},  # the default: max(A, 0)
+        {"replay_rollout_priority": "abs_advantage"},
         {"gradient_accumulation_steps": 2, "steps_per_generation": 2},
     ],
 )
@@ -69,7 +69,7 @@ def test_each_zero_std_group_earns_g_buffered_rollouts_on_top_of_the_fresh_batch
     trainer = make(tokenizer, dataset, tmp_path, replay_unit="rollout", **overrides)
     trainer.train()
     G = trainer.num_generations
-    positive = overrides.get("replay_rollout_priority") == "positive_advantage"
+    positive = trainer.args.replay_rollout_priority == "positive_advantage"
     earlier, appended_total = [], 0
     for fresh, trained, _, step in trainer.batches:
         n = fresh.num_rows
@@ -121,8 +121,8 @@ def test_resume_with_rollout_replay_continues_exactly(tokenizer, dataset, tmp_pa
     ]
 
 
-def test_rollout_unit_needs_the_append_placement(tmp_path):
-    with pytest.raises(ValueError, match="replay_unit='rollout' appends buffered rollouts.*'replace'"):
-        GRPOWithReplayBufferConfig(output_dir=str(tmp_path), replay_unit="rollout", replay_placement="replace")
-    with pytest.raises(ValueError, match="replay_unit must be 'group' or 'rollout'"):
+def test_a_bad_unit_or_priority_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="replay_unit must be 'group' or 'rollout'.*'row'"):
         GRPOWithReplayBufferConfig(output_dir=str(tmp_path), replay_unit="row")
+    with pytest.raises(ValueError, match="replay_rollout_priority must be .*'rank'"):
+        GRPOWithReplayBufferConfig(output_dir=str(tmp_path), replay_rollout_priority="rank")
