@@ -1,9 +1,11 @@
-"""GRPO with a replay buffer: zero-std groups are swapped for informative groups from earlier batches.
+"""GRPO with a replay buffer: zero-std groups earn informative data kept from earlier batches.
 
-Semantics (docs/replay.md): the unit is the group. After a batch is generated and scored, every group
-whose rewards are all equal (within `replay_zero_std_atol`) carries no advantage; each is replaced by a
-buffered group drawn in proportion to its score. Decisions are taken on the global batch, identically on
-every process (one logical buffer); each process swaps its own slots. Groups with variance enter the
+Semantics (docs/replay.md): after a batch is generated and scored, every group whose rewards are all equal
+(within `replay_zero_std_atol`) carries no advantage; by default (`replay_placement="append"`,
+`replay_unit="rollout"`) each earns G buffered rollouts that beat their own group, appended to the batch; with
+`replay_unit="group"` one buffered group drawn in proportion to its score, appended, or with "replace" swapped
+in. Decisions are taken on the global batch, identically on every process (one logical buffer); each process
+appends to (or swaps) its own rows. Groups with variance enter the
 buffer after their first loss pass, carrying their behaviour log-probs and policy version, so a replayed
 group is trained as the off-policy data it is: by default with truncated importance weights against the
 behaviour log-probs (`replay_importance_cap`), else the PPO ratio against them. `replay_strategy="mix"` instead puts

@@ -17,8 +17,9 @@ What the run demonstrates (seed 0):
   trains on, rises too (0.24 at step 0 -> ~0.7), so the policy learns to add rather than memorising answers;
 - binary rewards make zero-std groups (all G completions wrong early on, all right later), whose advantages
   are all 0. `frac_reward_zero_std` climbs from ~0.05 to ~0.8 as the policy improves, while the replay buffer
-  adds a stored informative group for each of them (the default `replay_placement="append"`; the zero-std
-  fresh groups stay, so `replay/frac_zero_std_trained` is ~0.3 on average; with "replace" it stays at 0).
+  adds, for each of them, G stored rollouts that beat their own group (the default `replay_placement="append"`,
+  `replay_unit="rollout"`; the zero-std fresh groups stay, so `replay/frac_zero_std_trained` is ~0.3 on average;
+  with "replace" it stays at 0).
 
 Deterministic under `--seed`: data split, teacher, warm-up and RL sampling all derive from it.
 """
