@@ -120,7 +120,7 @@ def build_grpo_parser(all_flags: bool = False):
     sharded = ["ds3_gather_for_generation"]
     # the replay options that are not the default (docs/replay.md): by --help_all
     replay_options = ["replay_m2_threshold", "prompt_skipping", "prompt_skipping_explore"]
-    replay_options += ["prompt_skipping_target_zero_std"]
+    replay_options += ["prompt_skipping_target_zero_std", "replay_zero_std_atol", "replay_max_reuse", "replay_score"]
     extra = [
         ("current-TRL GRPO options (docs/grpo.md)", parity),
         ("asynchronous generation", tuning),
@@ -141,12 +141,13 @@ def _help_sections() -> list[tuple[str, list[str]]]:
         ("model (ModelConfig)", model + ["model_init_kwargs"]),
         ("generation", GENERATION_FLAGS),
         ("GRPO loss", LOSS_FLAGS),
-        ("replay buffer", [f.name for f in REPLAY_FIELDS if f.name != "replay_m2_threshold"]),
+        ("replay buffer", [f.name for f in REPLAY_FIELDS if f.name not in REPLAY_ALL_ONLY]),
         ("training (the most used transformers.TrainingArguments)", COMMON_TRAINING_FLAGS),
     ]
 
 
 REPLAY_FIELDS = [f for f in fields(GRPOWithReplayBufferConfig) if f.name.startswith("replay_")]
+REPLAY_ALL_ONLY = {"replay_m2_threshold", "replay_zero_std_atol", "replay_max_reuse", "replay_score"}  # by --help_all
 GENERATION_FLAGS = [
     "num_generations",
     "max_prompt_length",

@@ -33,31 +33,27 @@ class GRPOWithReplayBufferConfig(GRPOConfig):
     replay_strategy: Literal["group", "mix", "mix_then_group"] = field(
         default="group",
         metadata={
-            "help": "What fills a zero-std group: 'group' (a buffered group of another prompt, TRL's), 'mix' (the "
-            "prompt's stored success joins its group, ExGRPO arXiv:2510.02245), 'mix_then_group' (both)."
+            "help": "'group': zero-std groups earn buffered data (replay_placement); 'mix': the prompt's stored "
+            "success joins its group (ExGRPO); 'mix_then_group': both."
         },
     )
     replay_placement: Literal["replace", "append"] = field(
         default="append",
         metadata={
-            "help": "'append': fresh groups all stay, plus one buffered group per zero-std group (arXiv "
-            "2606.04560); 'replace': swapped in (TRL's)."
+            "help": "'append': fresh groups all stay, buffered data is added (arXiv 2606.04560); 'replace': "
+            "swapped in (TRL's)."
         },
     )
     replay_unit: Literal["group", "rollout"] = field(
         default="rollout",
         metadata={
-            "help": "What replay_placement='append' adds per zero-std group: G buffered rollouts drawn across the "
-            "buffer by replay_rollout_priority ('rollout', arXiv 2606.04560) or one buffered group ('group'). "
-            "'replace' always swaps whole groups (TRL's)."
+            "help": "replay_placement='append': per zero-std group, G buffered rollouts ('rollout') or one buffered "
+            "group ('group')."
         },
     )
     replay_rollout_priority: Literal["positive_advantage", "abs_advantage"] = field(
         default="positive_advantage",
-        metadata={
-            "help": "replay_unit='rollout': draw rollouts in proportion to max(A, 0) (those that beat their group, "
-            "as self-imitation learning) or to |A|."
-        },
+        metadata={"help": "replay_unit='rollout': rollouts drawn in proportion to max(A, 0) or to |A|."},
     )
     replay_importance_cap: float | None = field(
         default=2.0,

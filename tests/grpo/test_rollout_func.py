@@ -116,27 +116,32 @@ class RecordingReplay(GRPOWithReplayBufferTrainer):
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
 
-def test_replay_buffer_keeps_the_rollout_log_probs_and_env_mask(model, tokenizer, dataset, tmp_path):
-    """Batch 1 has reward variance (stored); batch 2 is all-zero (the stored group is appended to it): the replayed
-    rows carry batch 1's rollout log-probs and env_mask, and the environment's tokens stay out of the loss."""
+@pytest.mark.parametrize("unit", ["rollout", "group"])
+def test_replay_buffer_keeps_the_rollout_log_probs_and_env_mask(model, tokenizer, dataset, tmp_path, unit):
+    """Batch 1 has reward variance (stored); batch 2 is all-zero (buffered data is appended to it: by default the
+    stored rollouts that beat their group, rewards 2 and 3 of 0-3; with replay_unit="group" the whole group): the
+    replayed rows carry batch 1's rollout log-probs and env_mask, and the environment's tokens stay out of the loss."""
     rollout = ExternalRollout(tokenizer, scores=lambda call, n: [float(i) * (call == 0) for i in range(n)])
     trainer = train(
         model, tokenizer, dataset, tmp_path, rollout, cls=RecordingReplay, config=GRPOWithReplayBufferConfig,
-        max_steps=2, replay_buffer_size=4,
+        max_steps=2, replay_buffer_size=4, replay_unit=unit,
     )  # fmt: skip
     stored = trainer.replay_buffer.groups[0].rollout
     first = rollout.outputs[0]
     real = stored.completion_mask.bool()
     assert_rows_close(stored.engine_logps, real, first["logprobs"])
     assert [row[m].tolist() for row, m in zip(stored.tool_mask, real)] == first["env_mask"]
-    batch = trainer.seen[1]  # the default placement appends the stored group after the fresh (zero-std) one
+    batch = trainer.seen[1]  # the appended rows follow the fresh (zero-std) group
     rows = batch.replayed
-    assert rows.tolist() == [False] * 4 + [True] * 4 and batch.policy_version[rows].eq(0).all()
+    picked = [0, 1, 2, 3] if unit == "group" else [2, 3]
+    assert rows.tolist() == [False] * 4 + [True] * len(picked) and batch.policy_version[rows].eq(0).all()
+    order = batch.rewards[rows].long().tolist() if unit == "rollout" else picked  # rollouts come in draw order
+    assert sorted(order) == picked
     ids, mask = batch.completion_ids[rows], batch.completion_mask[rows].bool()
-    assert [row[m].tolist() for row, m in zip(ids, mask)] == first["completion_ids"]
+    assert [row[m].tolist() for row, m in zip(ids, mask)] == [first["completion_ids"][i] for i in order]
     env = mask & (batch.tool_mask[rows] == 0)
-    assert env.sum() == 20 and batch.loss_weights[rows][env].eq(0).all()
-    assert_rows_close(batch.engine_logps[rows], real, first["logprobs"])
+    assert env.sum() == 5 * len(picked) and batch.loss_weights[rows][env].eq(0).all()
+    assert_rows_close(batch.engine_logps[rows], real[order], [first["logprobs"][i] for i in order])
 
 
 def test_rollout_func_errors(model, tokenizer, dataset, tmp_path):
