@@ -169,8 +169,8 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
         """Fresh-anchored replay (arXiv 2606.04560): every fresh group stays in the batch and each zero-std group of
         the global batch earns one buffered group (`replay_unit="rollout"`: G buffered rollouts drawn across the
         buffer, `_append_buffered_rollouts`), appended to the rows of the process that owns the zero-std group.
-        Appended rows keep the batch divisible into `steps_per_generation` micro-batches: a process's count is
-        rounded down to a multiple of lcm(G, steps_per_generation) rows (rollouts: of steps_per_generation)."""
+        Appended rows keep the batch divisible into groups of G and into `steps_per_generation` micro-batches: a
+        process's count is rounded down to a multiple of lcm(G, steps_per_generation) rows."""
         G = self.num_generations
         zero = algos.zero_std_groups(rollout.rewards, G, self.args.replay_zero_std_atol)
         all_zero = self.accelerator.gather(zero)  # same decisions on every rank
@@ -187,8 +187,9 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
     def _append_buffered_rollouts(self, rollout: Rollout, all_zero: Tensor) -> Rollout:
         """Rollout-level replay: each zero-std group earns G rollouts drawn across the whole buffer with probability
         proportional to `replay_rollout_priority` (one draw, the same on every process). The appended rows keep
-        their stored advantages and behaviour log-probs; they follow the fresh groups, flagged replayed, and are
-        never stored again (`_after_first_pass`)."""
+        their stored advantages and behaviour log-probs; every G of them follow the fresh groups as a replayed
+        pseudo-group, never stored again. Whole pseudo-groups keep the trained batch a multiple of G rows (code that
+        views advantages as (-1, G) keeps working), so replay starts once the buffer holds G such rollouts."""
         G, priority = self.num_generations, self.args.replay_rollout_priority
         available = self.replay_buffer.num_rollouts(priority)
         picks, local = self._draw_shares(
@@ -202,9 +203,10 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
 
     def _draw_shares(self, all_zero: Tensor, available: int, size: int, draw, per_zero: int = 1) -> tuple[list, list]:
         """(every pick, this process's picks): each process's zero-std groups ask for `per_zero` items of `size`
-        rows each, at most `available` in all, each share rounded down to whole lcm(size, steps_per_generation) rows
-        (the batch still splits into equal micro-batches); one `draw(total)` serves all processes in rank order."""
-        unit = math.lcm(size, self.args.steps_per_generation) // size
+        rows each, at most `available` in all, each share rounded down to whole lcm(G, steps_per_generation) rows
+        (the batch still splits into groups and equal micro-batches); one `draw(total)` serves all processes in rank
+        order."""
+        unit = math.lcm(self.num_generations, self.args.steps_per_generation) // size
         shares = []
         for n_zero in all_zero.view(self.accelerator.num_processes, -1).sum(1).tolist():
             take = min(int(n_zero) * per_zero, available)
@@ -311,9 +313,6 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
             return
         rollout = micro_batches[0] if len(micro_batches) == 1 else Rollout.concat(micro_batches)
         G = self.num_generations
-        # appended rollouts (replay_unit="rollout") follow the fresh groups and need not fill a group: they are
-        # replayed rows, skipped below, so the whole groups of the head cover every fresh row
-        rollout = rollout.rows(slice(0, rollout.num_rows - rollout.num_rows % G))
         zero = algos.zero_std_groups(rollout.rewards, G, self.args.replay_zero_std_atol).tolist()
         candidates, successes = [], []
         for g, is_zero in enumerate(zero):

@@ -118,30 +118,32 @@ class RecordingReplay(GRPOWithReplayBufferTrainer):
 
 @pytest.mark.parametrize("unit", ["rollout", "group"])
 def test_replay_buffer_keeps_the_rollout_log_probs_and_env_mask(model, tokenizer, dataset, tmp_path, unit):
-    """Batch 1 has reward variance (stored); batch 2 is all-zero (buffered data is appended to it: by default the
-    stored rollouts that beat their group, rewards 2 and 3 of 0-3; with replay_unit="group" the whole group): the
-    replayed rows carry batch 1's rollout log-probs and env_mask, and the environment's tokens stay out of the loss."""
-    rollout = ExternalRollout(tokenizer, scores=lambda call, n: [float(i) * (call == 0) for i in range(n)])
+    """Batch 1 has reward variance (stored); batch 2 is all-zero and buffered data is appended to it: with
+    replay_unit="group" the stored group (G=4, rewards 0-3), by default the G stored rollouts that beat their group
+    (G=2, rewards 0 1 0 1: rows 1 and 3). The replayed rows carry batch 1's rollout log-probs and env_mask, and the
+    environment's tokens stay out of the loss."""
+    G, picked = (4, [0, 1, 2, 3]) if unit == "group" else (2, [1, 3])
+    rollout = ExternalRollout(tokenizer, scores=lambda call, n: [float(i % G) * (call == 0) for i in range(n)])
     trainer = train(
         model, tokenizer, dataset, tmp_path, rollout, cls=RecordingReplay, config=GRPOWithReplayBufferConfig,
-        max_steps=2, replay_buffer_size=4, replay_unit=unit,
+        max_steps=2, replay_buffer_size=4, replay_unit=unit, num_generations=G,
     )  # fmt: skip
-    stored = trainer.replay_buffer.groups[0].rollout
     first = rollout.outputs[0]
+    stored = trainer.replay_buffer.groups[0].rollout  # batch 1's first group
     real = stored.completion_mask.bool()
-    assert_rows_close(stored.engine_logps, real, first["logprobs"])
-    assert [row[m].tolist() for row, m in zip(stored.tool_mask, real)] == first["env_mask"]
-    batch = trainer.seen[1]  # the appended rows follow the fresh (zero-std) group
+    assert_rows_close(stored.engine_logps, real, first["logprobs"][:G])
+    assert [row[m].tolist() for row, m in zip(stored.tool_mask, real)] == first["env_mask"][:G]
+    batch = trainer.seen[1]  # the appended rows follow the fresh (zero-std) groups
     rows = batch.replayed
-    picked = [0, 1, 2, 3] if unit == "group" else [2, 3]
     assert rows.tolist() == [False] * 4 + [True] * len(picked) and batch.policy_version[rows].eq(0).all()
-    order = batch.rewards[rows].long().tolist() if unit == "rollout" else picked  # rollouts come in draw order
-    assert sorted(order) == picked
     ids, mask = batch.completion_ids[rows], batch.completion_mask[rows].bool()
-    assert [row[m].tolist() for row, m in zip(ids, mask)] == [first["completion_ids"][i] for i in order]
+    source = {tuple(c): i for i, c in enumerate(first["completion_ids"])}
+    order = [source[tuple(row[m].tolist())] for row, m in zip(ids, mask)]  # rollouts come in draw order
+    assert sorted(order) == picked
     env = mask & (batch.tool_mask[rows] == 0)
     assert env.sum() == 5 * len(picked) and batch.loss_weights[rows][env].eq(0).all()
-    assert_rows_close(batch.engine_logps[rows], real[order], [first["logprobs"][i] for i in order])
+    assert [row[m].tolist() for row, m in zip(batch.tool_mask[rows], mask)] == [first["env_mask"][i] for i in order]
+    assert_rows_close(batch.engine_logps[rows], mask, [first["logprobs"][i] for i in order])
 
 
 def test_rollout_func_errors(model, tokenizer, dataset, tmp_path):

@@ -77,7 +77,7 @@ def test_each_zero_std_group_earns_g_buffered_rollouts_on_top_of_the_fresh_batch
         assert _same_rows(head.trim(), fresh.trim()) and not head.replayed.any()  # nothing fresh is thrown away
         n_zero = int(zero_std_groups(fresh.rewards, G).sum())
         added = trained.num_rows - n
-        assert added % trainer.args.steps_per_generation == 0 and added <= n_zero * G  # need not fill a group
+        assert added % G == 0 and added <= n_zero * G  # whole pseudo-groups of G rollouts
         tail = trained.rows(slice(n, None))
         assert tail.replayed.all() and (tail.policy_version < step).all()
         for i in range(added):  # each appended row is a row generated at an earlier step, with its advantage

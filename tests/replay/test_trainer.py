@@ -131,7 +131,8 @@ def test_buffer_size_zero_is_plain_grpo(tokenizer, dataset, tmp_path):
     ],
 )
 def test_replay_works_with_the_other_knobs(model, tokenizer, dataset, tmp_path, overrides):
-    trainer = make(model, tokenizer, dataset, tmp_path, max_steps=8, **overrides)
+    # 8 generation batches (the default rollout-level replay starts once G rollouts that beat their group are kept)
+    trainer = make(model, tokenizer, dataset, tmp_path, max_steps=8 * overrides.get("num_iterations", 1), **overrides)
     trainer.train()
     logs = trainer.state.log_history[:-1]
     assert sum(h.get("replay/groups_replaced", 0) for h in logs) > 0

@@ -97,12 +97,13 @@ def test_gradient_accumulation_1x8_equals_8x1(tokenizer, tmp_path):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
-def test_replay_buffer_is_available(tokenizer, tmp_path):
+@pytest.mark.parametrize("unit, steps", [("group", 3), ("rollout", 6)])  # rollouts: once G that beat their group
+def test_replay_buffer_is_available(tokenizer, tmp_path, unit, steps):
     def flat_then_varied(completions, **kwargs):  # the second prompt of each batch: always zero-std
         return [0.0 if i >= 4 else r for i, r in enumerate(varied_reward(completions))]
 
-    trainer = make(tokenizer, tmp_path, reward=flat_then_varied, per_device_train_batch_size=8, max_steps=3,
-                   beta=0.0, replay_buffer_size=4)  # fmt: skip
+    trainer = make(tokenizer, tmp_path, reward=flat_then_varied, per_device_train_batch_size=8, max_steps=steps,
+                   beta=0.0, replay_buffer_size=4, replay_unit=unit)  # fmt: skip
     trainer.train()
     assert sum(h.get("replay/groups_replaced", 0) for h in trainer.state.log_history) > 0
 
