@@ -8,11 +8,6 @@ are whole generation batches (left-padded prompt ids and a seed); results carry 
 completions and the engine's log-probs of the sampled tokens at the sampling temperature (recorded step by step, one
 `(N, V)` row of logits at a time, so no `(N, C, V)` tensor is kept).
 
-With a `reference` (a frozen reference model, GRPO's `beta > 0`), its weights are shared once the same way, and the
-worker also returns, with each batch, the reference log-probs of the completion tokens, computed right after
-generation with the trainer's own code (`replayrl.models.lm_head.completion_token_stats`, chunked, at the trainer's
-temperature): the trainer then skips its reference forward for that batch.
-
 While the worker starts (importing torch and transformers takes seconds), the trainer need not wait:
 `claim_unstarted()` takes back the requests the worker has not begun and generates them in the trainer's process, on
 a copy of the shared weights as the worker would have loaded them, with the same seed and the same code, so a batch
@@ -57,8 +52,6 @@ class WorkerResult:
     seconds: float  # generation time
     weight_seconds: float  # time spent waiting for and loading new weights before generating
     here: bool = False  # generated in the trainer's process (claimed while the worker was starting)
-    ref_logps: Tensor | None = None  # (N, C) float32, the reference model's log-probs (0 on padding); None: none
-    ref_seconds: float = 0.0  # time of the reference forward
 
 
 class SampledLogps:
@@ -93,9 +86,7 @@ class SampledLogps:
 class GenerationWorker:
     """The trainer's handle on one generation worker process (see the module docstring)."""
 
-    def __init__(
-        self, model, generation_config, version: int, threads: int = 1, device="cpu", reference=None, temperature=1.0
-    ):
+    def __init__(self, model, generation_config, version: int, threads: int = 1, device="cpu"):
         import torch.multiprocessing as mp  # registers torch's tensor sharing with multiprocessing's pickler
 
         ctx = mp.get_context("spawn")
@@ -112,13 +103,8 @@ class GenerationWorker:
         self._local, self._local_version = None, -1  # the trainer's copy for claimed requests, while the worker starts
         self._config, self._dtype = base.config, next(iter(self._weights.values())).dtype
         self._generation_config, self._device = generation_config.to_dict(), device
-        # the reference model: its config, weights (shared once, never updated) and the log-probs' temperature
-        self._reference, self._local_ref = None, None
-        if reference is not None:
-            ref_weights = {name: t.to("cpu", copy=True).share_memory_() for name, t in hf_state_dict(reference)}
-            self._reference = (reference.config, ref_weights, float(temperature))
         args = (self._config, self._dtype, self._weights, self._lock, self._version, self._started, self._ready)
-        args += (self._requests, self._results, self._generation_config, threads, str(device), self._reference)
+        args += (self._requests, self._results, self._generation_config, threads, str(device))
         self._process = ctx.Process(target=_worker_main, args=args, daemon=True, name="replayrl-generation-worker")
         with _main_module_hidden():
             self._process.start()
@@ -155,7 +141,7 @@ class GenerationWorker:
         worker's model is built (the trainer's copy of the weights is dropped then): from there on the trainer
         waits for the worker, which a busy machine may slow down but never turns back into taking turns."""
         if self._ready.value:
-            self._local = self._local_ref = None
+            self._local = None
             return []
         with self._started.get_lock():
             first = self._started.value
@@ -173,16 +159,12 @@ class GenerationWorker:
             if self._local is None:
                 self._local = _build_model(self._config, self._dtype).to(self._device)
                 self._local_version = -1
-                self._local_ref = None if self._reference is None else _build_reference(self._reference, self._device)
             version = _load_weights(self._local, self._weights, self._lock, self._version, self._local_version)
             self._local_version = version
             loaded = time.perf_counter()
-            prompt_ids, prompt_mask = prompt_ids.to(self._device), prompt_mask.to(self._device)  # as the worker's
             out = _generate(self._local, prompt_ids, prompt_mask, self._generation_config, seed)
             seconds = time.perf_counter() - loaded
-            ref = _reference_logps(self._local_ref, self._reference, prompt_ids, prompt_mask, out[0], out[1])
-        result = WorkerResult(batch, version, *[t.cpu() for t in out], seconds, loaded - start, here=True)
-        return _with_reference(result, *ref)
+        return WorkerResult(batch, version, *[t.cpu() for t in out], seconds, loaded - start, here=True)
 
     def result(self) -> WorkerResult:
         """The next finished batch (in submission order); raises `GenerationWorkerError` if the worker failed."""
@@ -194,10 +176,17 @@ class GenerationWorker:
                 continue
             if message[0] == "error":
                 raise GenerationWorkerError(f"the generation worker failed: {message[1]}\n{message[2]}")
-            _, batch, version, ids, mask, truncated, logps, seconds, weight_seconds, ref_logps, ref_seconds = message
-            tensors = [torch.from_numpy(x) for x in (ids, mask, truncated, logps)]
-            result = WorkerResult(batch, version, *tensors, seconds, weight_seconds)
-            return _with_reference(result, None if ref_logps is None else torch.from_numpy(ref_logps), ref_seconds)
+            _, batch, version, ids, mask, truncated, logps, seconds, weight_seconds = message
+            return WorkerResult(
+                batch,
+                version,
+                torch.from_numpy(ids),
+                torch.from_numpy(mask),
+                torch.from_numpy(truncated),
+                torch.from_numpy(logps),
+                seconds,
+                weight_seconds,
+            )
 
     def _check_alive(self) -> None:
         if not self._process.is_alive():
@@ -252,25 +241,12 @@ def _main_module_hidden():
 
 # ------------------------------------------------------------------------------------------------ worker process
 def _worker_main(
-    config,
-    dtype,
-    weights,
-    lock,
-    version,
-    started,
-    ready,
-    requests,
-    results,
-    generation_config,
-    threads,
-    device,
-    reference=None,
+    config, dtype, weights, lock, version, started, ready, requests, results, generation_config, threads, device
 ):
     _exit_with_parent()
     try:
         torch.set_num_threads(threads)
         model, local = _build_model(config, dtype).to(device), -1
-        ref_model = None if reference is None else _build_reference(reference, device)
         ready.value = 1
         while True:
             request = _next_request(requests)
@@ -287,10 +263,7 @@ def _worker_main(
             ids, mask = (torch.from_numpy(x).to(device) for x in (prompt_ids, prompt_mask))
             out = _generate(model, ids, mask, generation_config, seed)
             seconds = time.perf_counter() - loaded
-            ref_logps, ref_seconds = _reference_logps(ref_model, reference, ids, mask, out[0], out[1])
-            ref_logps = None if ref_logps is None else ref_logps.cpu().numpy()
-            message = ("ok", batch, local, *[t.cpu().numpy() for t in out], seconds, loaded - start)
-            results.put((*message, ref_logps, ref_seconds))
+            results.put(("ok", batch, local, *[t.cpu().numpy() for t in out], seconds, loaded - start))
     except BaseException as exc:  # noqa: BLE001 - the trainer must learn of every failure
         results.put(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
 
@@ -326,45 +299,6 @@ def _build_model(config, dtype):
     model.eval()
     model.requires_grad_(False)
     return model
-
-
-def _build_reference(reference: tuple, device):
-    """The frozen reference model from its config and shared weights (loaded once: they never change). Each
-    parameter takes its shared tensor's dtype (e.g. an lm_head cast to fp32), so the forward is the trainer's."""
-    config, weights, _ = reference
-    model = _build_model(config, next(iter(weights.values())).dtype)
-    params = dict(model.named_parameters())
-    for name, tensor in weights.items():
-        if name in params and params[name].dtype != tensor.dtype:
-            params[name].data = params[name].data.to(tensor.dtype)
-    state = model.state_dict()
-    with torch.no_grad():
-        for name, tensor in weights.items():
-            if name not in state:
-                raise KeyError(f"the reference model's weight {name!r} has no place in the worker's copy")
-            state[name].copy_(tensor)
-    return model.to(device)
-
-
-@torch.no_grad()
-def _reference_logps(ref_model, reference, prompt_ids, prompt_mask, ids, mask) -> tuple[Tensor | None, float]:
-    """((N, C) float32 reference log-probs of the completions `ids` (0 on padding), seconds), or (None, 0.0) without
-    a reference model: the forward of the trainer's `_reference_logps` (`completion_token_stats`, chunked)."""
-    if ref_model is None:
-        return None, 0.0
-    from replayrl.models.lm_head import completion_token_stats
-
-    start = time.perf_counter()
-    input_ids, attention_mask = torch.cat([prompt_ids, ids], dim=1), torch.cat([prompt_mask, mask], dim=1)
-    _, stats = completion_token_stats(ref_model, input_ids, attention_mask, ids.shape[1], reference[2])
-    logps = stats.logps.float().masked_fill(mask == 0, 0.0)
-    return logps, time.perf_counter() - start
-
-
-def _with_reference(result: WorkerResult, ref_logps: Tensor | None, ref_seconds: float) -> WorkerResult:
-    result.ref_logps = None if ref_logps is None else ref_logps.cpu()
-    result.ref_seconds = ref_seconds
-    return result
 
 
 def _next_request(requests):

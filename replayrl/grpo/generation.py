@@ -43,7 +43,6 @@ class Generated:
     extra: dict = field(default_factory=dict)
     vision: VisionInputs | None = None
     policy_version: int | None = None  # the optimizer step of the weights that sampled it (None: the current one)
-    ref_logps: Tensor | None = None  # (N, C) reference log-probs computed by the asynchronous worker (None: not)
 
     def version(self, current_step: int) -> int:
         """The policy version of the rows: the asynchronous producer's, else the current optimizer step."""

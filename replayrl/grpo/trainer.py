@@ -291,7 +291,6 @@ class GRPOTrainer(
             tool_mask=gen.tool_mask,
             engine_logps=gen.engine_logps,
             vision=gen.vision,
-            ref_logps=gen.ref_logps,  # the asynchronous worker's, or None
         )
         return self._add_logps(rollout, mode)
 
@@ -326,11 +325,10 @@ class GRPOTrainer(
     def _add_logps(self, rollout: Rollout, mode: str) -> Rollout:
         """Reference log-probs (beta > 0) and behaviour log-probs when the policy will have moved before the
         rows are trained on (num_iterations > 1, or one generation spans several optimizer steps). In the
-        on-policy case the first loss pass supplies them for free. Reference log-probs the asynchronous worker
-        computed (docs/async.md) are kept."""
+        on-policy case the first loss pass supplies them for free."""
         start = time.perf_counter()
         changes = {}
-        if self.args.beta != 0.0 and rollout.ref_logps is None:
+        if self.args.beta != 0.0:
             changes["ref_logps"] = self._reference_logps(rollout)
         on_policy = (
             self.args.num_iterations == 1

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from replayrl import algos
 from replayrl.grpo.objective import Inputs, entropy_pool
-from replayrl.models.lm_head import completion_token_stats
+from replayrl.models.lm_head import forward_to_head
 
 
 class TRLMethodsMixin:
@@ -70,12 +70,18 @@ class TRLMethodsMixin:
         temperature, their entropies (or None) and the MoE router aux loss (or None). Only those positions go
         through the LM head, chunk by chunk (`replayrl.models.lm_head`): no full-vocabulary logits are formed.
         `model_inputs`: a VLM's image inputs (``pixel_values``, ``image_grid_thw``, ...)."""
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=width + 1, **model_inputs)
         if self.aux_loss_enabled:  # TRL: ask for the router logits (and so the aux loss) whatever the config says
-            model_inputs["output_router_logits"] = True
-        out, stats = completion_token_stats(
-            model, input_ids, attention_mask, width, self.args.temperature,
-            with_entropy=with_entropy, entropy_grad=entropy_grad, **model_inputs,
-        )  # fmt: skip
+            inputs["output_router_logits"] = True
+        out, head = forward_to_head(model, **inputs)
+        stats = head.positions(
+            slice(None, -1)
+        ).token_stats(  # position t predicts token t + 1
+            input_ids[:, -width:],
+            temperature=self.args.temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+        )
         return stats.logps, stats.entropy, getattr(out, "aux_loss", None)
 
     def _get_per_token_logps_and_entropies(

@@ -149,21 +149,3 @@ def real_positions(head: HeadInput, inputs: dict, keep_prompt_end: bool = False)
         return head
     lead = 1 if keep_prompt_end and expected == length else 0
     return HeadInput(head.source[:, extra - lead :], head.weight, head.bias, lead)
-
-
-def completion_token_stats(
-    model, input_ids: Tensor, attention_mask: Tensor, width: int, temperature: float, **kwargs
-) -> tuple[object, TokenStats]:
-    """One forward pass and the `TokenStats` of the last ``width`` tokens of ``input_ids (B, L)`` at
-    ``temperature`` (``stats.logps: (B, width)``): only those positions go through the LM head, chunk by chunk, so
-    no full-vocabulary logits are formed. Returns (the model's outputs, the stats). The one code both the trainer's
-    log-probs and the asynchronous worker's reference log-probs use. ``kwargs``: ``with_entropy``,
-    ``entropy_grad`` (for `chunked_token_stats`); the rest go to the model (a VLM's image inputs,
-    ``output_router_logits``)."""
-    stat_keys = ("with_entropy", "entropy_grad")
-    stat_kwargs = {k: kwargs.pop(k) for k in stat_keys if k in kwargs}
-    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=width + 1, **kwargs)
-    out, head = forward_to_head(model, **inputs)
-    # position t predicts token t + 1
-    stats = head.positions(slice(None, -1)).token_stats(input_ids[:, -width:], temperature=temperature, **stat_kwargs)
-    return out, stats
