@@ -162,6 +162,7 @@ class GenerationWorker:
             version = _load_weights(self._local, self._weights, self._lock, self._version, self._local_version)
             self._local_version = version
             loaded = time.perf_counter()
+            prompt_ids, prompt_mask = prompt_ids.to(self._device), prompt_mask.to(self._device)  # as the worker's
             out = _generate(self._local, prompt_ids, prompt_mask, self._generation_config, seed)
             seconds = time.perf_counter() - loaded
         return WorkerResult(batch, version, *[t.cpu() for t in out], seconds, loaded - start, here=True)
