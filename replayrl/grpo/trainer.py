@@ -120,25 +120,10 @@ class GRPOTrainer(
                 "or prefix cannot be merged; generate_batch bypasses PEFT's forward), not the trained policy",
                 "Generate with transformers' generate() (both False)",
             )
-        reward_kwargs = {**(args.model_init_kwargs or {}), **remote}  # TRL: reward models given by name load with them
-        self.rollout_func = rollout_func  # TRL's attribute (grpo/rollout_func.py)
-        self._env = build_environments(rollout_func, environment_factory, tools)  # grpo/environments.py
-        reward_funcs, reward_processing_classes, weights = environment_rewards(
-            self._env, reward_funcs, reward_processing_classes, args.reward_weights
-        )
-        self.reward_funcs = RewardFunctions(reward_funcs, reward_processing_classes, weights, reward_kwargs)
-        train_dataset = environment_dataset(self._env, train_dataset, args, self._train_dataset_optional)
-        check_datasets(args, train_dataset, eval_dataset, self.reward_funcs, self._env is None, rollout_func is None)
-        if has_images(train_dataset) or any(has_images(d) for _, d in named_datasets(eval_dataset)):
-            check_images(args, processing_class, tools, environment_factory, rollout_func)  # before any engine starts
-        self.tools, self._tools = list(tools or []), tools_by_name(tools)  # functions the model may call
-        if self._env is not None:  # TRL: every environment's methods are tools too
-            self.tools = self._env.all_tools
-        # TRL's attribute: which tools take `_completion_idx` (told the index of the completion that called them)
-        self._tools_accept_completion_idx = {t.__name__: accepts_completion_idx(t) for t in self.tools}
-        self.reward_func_names = self.reward_funcs.names  # TRL's attributes
-        self.reward_processing_classes = self.reward_funcs.processing_classes
-        self.reward_weights = self.reward_funcs.weights
+        train_dataset = self._setup_rewards_and_tools(
+            args, reward_funcs, reward_processing_classes, train_dataset, eval_dataset, processing_class,
+            tools, rollout_func, environment_factory,
+        )  # fmt: skip
         self.ref_model = self._build_ref_model(model, args, is_peft_model(model))
 
         super().__init__(
@@ -165,13 +150,7 @@ class GRPOTrainer(
         self._setup_generation(args, model, processing_class)
         self._setup_async_generation()  # async_generation: a worker samples ahead (grpo/async_rollouts.py)
         self.prompt_history = build_prompt_history(args, self.train_dataset)  # prompt_skipping, else None
-        self._synced_step: int | None = None  # optimizer step whose weights the generator has
-        self._step = 0  # micro-batches served so far (drives when to generate)
-        self._micro_batches: list[Rollout] | None = None
-        self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
-        self._last_completions: dict[str, list] = {}
-        self._total_tokens = 0
-        self._generation_seconds = 0.0
+        self._init_run_state()
         if self.ref_model is not None:
             self.ref_model = prepare_frozen_model(self.ref_model, self.accelerator)
         self._reward_engines = prepare_reward_models(self.reward_funcs.models(), self.accelerator)
@@ -180,6 +159,44 @@ class GRPOTrainer(
             if self.ref_model is None:
                 raise ValueError("sync_ref_model=True needs a reference model: set beta > 0 and do not use PEFT.")
             self.add_callback(SyncRefModelCallback(self))
+
+    def _setup_rewards_and_tools(
+        self, args, reward_funcs, reward_processing_classes, train_dataset, eval_dataset, processing_class, tools,
+        rollout_func, environment_factory,
+    ):  # fmt: skip
+        """Reward functions, environments and tools (TRL's attributes), with the datasets checked against them
+        before any engine starts. Returns the training dataset (an environment may build it)."""
+        remote = {"trust_remote_code": True} if args.trust_remote_code else {}
+        reward_kwargs = {**(args.model_init_kwargs or {}), **remote}  # TRL: reward models given by name load with them
+        self.rollout_func = rollout_func  # TRL's attribute (grpo/rollout_func.py)
+        self._env = build_environments(rollout_func, environment_factory, tools)  # grpo/environments.py
+        reward_funcs, reward_processing_classes, weights = environment_rewards(
+            self._env, reward_funcs, reward_processing_classes, args.reward_weights
+        )
+        self.reward_funcs = RewardFunctions(reward_funcs, reward_processing_classes, weights, reward_kwargs)
+        train_dataset = environment_dataset(self._env, train_dataset, args, self._train_dataset_optional)
+        check_datasets(args, train_dataset, eval_dataset, self.reward_funcs, self._env is None, rollout_func is None)
+        if has_images(train_dataset) or any(has_images(d) for _, d in named_datasets(eval_dataset)):
+            check_images(args, processing_class, tools, environment_factory, rollout_func)  # before any engine starts
+        self.tools, self._tools = list(tools or []), tools_by_name(tools)  # functions the model may call
+        if self._env is not None:  # TRL: every environment's methods are tools too
+            self.tools = self._env.all_tools
+        # TRL's attribute: which tools take `_completion_idx` (told the index of the completion that called them)
+        self._tools_accept_completion_idx = {t.__name__: accepts_completion_idx(t) for t in self.tools}
+        self.reward_func_names = self.reward_funcs.names  # TRL's attributes
+        self.reward_processing_classes = self.reward_funcs.processing_classes
+        self.reward_weights = self.reward_funcs.weights
+        return train_dataset
+
+    def _init_run_state(self) -> None:
+        """Per-run bookkeeping: what has been generated, served and logged so far."""
+        self._synced_step: int | None = None  # optimizer step whose weights the generator has
+        self._step = 0  # micro-batches served so far (drives when to generate)
+        self._micro_batches: list[Rollout] | None = None
+        self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
+        self._last_completions: dict[str, list] = {}
+        self._total_tokens = 0
+        self._generation_seconds = 0.0
 
     def _setup_generation(self, args: GRPOConfig, model, processing_class) -> None:
         """The generation config (TRL's `generation_kwargs` override the other options) and the backend."""

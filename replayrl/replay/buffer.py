@@ -170,13 +170,11 @@ class ReplayBuffer:
         counts one reuse per call (`max_reuse`)."""
         if self._trl_style:
             raise ValueError("replay_unit='rollout' needs replayrl's own buffer, not a TRL-style one.")
-        rows = [(g, i) for g in self.groups for i in range(g.rollout.num_rows)]
-        if not rows:
-            return []
-        weights = rollout_priority(torch.cat([g.rollout.advantages.float() for g in self.groups]), priority)
+        weights = self._rollout_weights(priority)
         k = min(num_samples, int((weights > 0).sum()))
         if k == 0:
             return []
+        rows = [(g, i) for g in self.groups for i in range(g.rollout.num_rows)]
         picked = torch.multinomial(weights.double(), k, replacement=False, generator=self.generator).tolist()
         chosen = [rows[j] for j in picked]
         for g in {g.uid: g for g, _ in chosen}.values():
@@ -187,11 +185,13 @@ class ReplayBuffer:
 
     def num_rollouts(self, priority: RolloutPriority) -> int:
         """How many stored rollouts `sample_rollouts` could draw (priority above 0)."""
-        if self._trl_style or not self.groups:
-            return 0
-        return int(
-            (rollout_priority(torch.cat([g.rollout.advantages.float() for g in self.groups]), priority) > 0).sum()
-        )
+        return 0 if self._trl_style else int((self._rollout_weights(priority) > 0).sum())
+
+    def _rollout_weights(self, priority: RolloutPriority) -> Tensor:
+        """(rows of every buffered group, in order,) `rollout_priority` of each."""
+        if not self.groups:
+            return torch.zeros(0)
+        return rollout_priority(torch.cat([g.rollout.advantages.float() for g in self.groups]), priority)
 
     def reconfigure(self, capacity: int, max_age: int | None, max_reuse: int | None) -> None:
         """Take new limits (on resume with other settings): over capacity, the highest-scored groups stay."""

@@ -177,7 +177,7 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
         self.replay_buffer.evict_stale(self.state.global_step)
         if getattr(self.args, "replay_unit", "group") == "rollout":
             return self._append_buffered_rollouts(rollout, all_zero)
-        picks, local = self._draw_shares(all_zero, len(self.replay_buffer), G, self.replay_buffer.sample)
+        picks, local = self._draw_shares(all_zero, len(self.replay_buffer) * G, G, self.replay_buffer.sample)
         self._log_replacement(all_zero, picks, appended=True)
         if not local:
             return rollout
@@ -190,10 +190,10 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
         their stored advantages and behaviour log-probs; every G of them follow the fresh groups as a replayed
         pseudo-group, never stored again. Whole pseudo-groups keep the trained batch a multiple of G rows (code that
         views advantages as (-1, G) keeps working), so replay starts once the buffer holds G such rollouts."""
-        G, priority = self.num_generations, self.args.replay_rollout_priority
+        priority = self.args.replay_rollout_priority
         available = self.replay_buffer.num_rollouts(priority)
         picks, local = self._draw_shares(
-            all_zero, available, 1, lambda n: self.replay_buffer.sample_rollouts(n, priority), per_zero=G
+            all_zero, available, 1, lambda n: self.replay_buffer.sample_rollouts(n, priority)
         )
         self._log_replacement(all_zero, [g for g, _ in picks], appended=True, rows=len(picks))
         if not local:
@@ -201,17 +201,17 @@ class GRPOWithReplayBufferTrainer(TRLReplayMethodsMixin, GRPOTrainer):
         rows = [self._as_replayed(g.rollout.rows(slice(i, i + 1)), rollout) for g, i in local]
         return Rollout.concat([rollout, *rows], pad_token_id=self.generation_config.pad_token_id)
 
-    def _draw_shares(self, all_zero: Tensor, available: int, size: int, draw, per_zero: int = 1) -> tuple[list, list]:
-        """(every pick, this process's picks): each process's zero-std groups ask for `per_zero` items of `size`
-        rows each, at most `available` in all, each share rounded down to whole lcm(G, steps_per_generation) rows
-        (the batch still splits into groups and equal micro-batches); one `draw(total)` serves all processes in rank
-        order."""
-        unit = math.lcm(self.num_generations, self.args.steps_per_generation) // size
+    def _draw_shares(self, all_zero: Tensor, available: int, size: int, draw) -> tuple[list, list]:
+        """(every pick, this process's picks) of a draw of items of `size` rows (a group: G, a rollout: 1): each
+        process's zero-std groups ask for G rows each, at most `available` rows in all, each share rounded down to
+        whole lcm(G, steps_per_generation) rows (the batch still splits into groups and equal micro-batches); one
+        `draw(number of items)` serves all processes in rank order."""
+        unit = math.lcm(self.num_generations, self.args.steps_per_generation)
         shares = []
         for n_zero in all_zero.view(self.accelerator.num_processes, -1).sum(1).tolist():
-            take = min(int(n_zero) * per_zero, available)
-            shares.append(take - take % unit)
-            available -= shares[-1]
+            take = min(int(n_zero) * self.num_generations, available)
+            shares.append((take - take % unit) // size)
+            available -= shares[-1] * size
         picks = draw(sum(shares)) if sum(shares) else []
         first = sum(shares[: self.accelerator.process_index])
         return picks, picks[first : first + shares[self.accelerator.process_index]]

@@ -79,11 +79,12 @@ def test_fresh_rows_stay_and_a_buffered_group_is_added_per_zero_std_group(tokeni
     assert any(h["replay/frac_zero_std_trained"] > 0 for h in logs)  # zero-std fresh groups were trained, kept
 
 
-def test_resume_with_appended_groups_continues_exactly(tokenizer, dataset, tmp_path):
+@pytest.mark.parametrize("unit", ["group", "rollout"])
+def test_resume_with_appended_groups_continues_exactly(tokenizer, dataset, tmp_path, unit):
     def run(out, stop_at=None, resume=None):
         trainer = make(
             tokenizer, dataset, tmp_path, cls=GRPOWithReplayBufferTrainer, output_dir=str(out), max_steps=6,
-            save_strategy="steps", save_steps=3, beta=0.1,
+            save_strategy="steps", save_steps=3, beta=0.1, replay_unit=unit,
         )  # fmt: skip
         if stop_at:
             trainer.add_callback(StopAt(stop_at))
@@ -96,12 +97,14 @@ def test_resume_with_appended_groups_continues_exactly(tokenizer, dataset, tmp_p
     a = [h for h in full.state.log_history if "loss" in h and h["step"] > 3]
     b = [h for h in resumed.state.log_history if "loss" in h and h["step"] > 3]
     assert [h["step"] for h in a] == [h["step"] for h in b] == [4, 5, 6]
-    assert sum(h["replay/groups_replaced"] for h in a) > 0  # the resumed steps did append buffered groups
+    appended = "replay/rollouts_appended" if unit == "rollout" else "replay/groups_replaced"
+    assert sum(h[appended] for h in a) > 0  # the resumed steps did append buffered data
     for x, y in zip(a, b):
         for k in x:
             if "timing" not in k:
                 assert y[k] == pytest.approx(x[k], rel=1e-4, abs=1e-6), (x["step"], k)
-    assert [g.uid for g in full.replay_buffer.groups] == [g.uid for g in resumed.replay_buffer.groups]
+    stored = [[(g.uid, g.reuse) for g in t.replay_buffer.groups] for t in (full, resumed)]
+    assert stored[0] == stored[1]
 
 
 def test_append_is_the_default_and_a_bad_placement_is_refused(tmp_path):

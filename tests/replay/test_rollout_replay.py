@@ -1,16 +1,16 @@
 """Rollout-level replay (`replay_unit="rollout"`, arXiv 2606.04560): each zero-std group of a batch earns G buffered
 rollouts drawn across the whole buffer by priority (|A| or max(A, 0)), appended to the fresh batch. Pure parts with
-hand-computed values; the trainer through `train()`, checking what reached the loss; exact resume."""
+hand-computed values; the trainer through `train()`, checking what reached the loss (exact resume:
+test_replay_candidates.py)."""
 
 import pytest
 import torch
 
-from replayrl import GRPOWithReplayBufferConfig, GRPOWithReplayBufferTrainer
+from replayrl import GRPOWithReplayBufferConfig
 from replayrl.algos import zero_std_groups
-from replayrl.grpo.rollout import Rollout
 from replayrl.replay.buffer import ReplayBuffer, rollout_priority
+from tests.replay.test_buffer import group
 from tests.replay.test_replay_candidates import _same_rows, make
-from tests.replay.test_trainer import StopAt
 
 
 def test_rollout_priority_by_hand():
@@ -21,19 +21,10 @@ def test_rollout_priority_by_hand():
         rollout_priority(advantages, "rank")
 
 
-def _group(advantages: list[float], token: int) -> Rollout:
-    n = len(advantages)
-    return Rollout(
-        prompt_ids=torch.full((n, 2), token),
-        prompt_mask=torch.ones(n, 2, dtype=torch.long),
-        completion_ids=torch.arange(n).unsqueeze(1) + 10 * token,
-        completion_mask=torch.ones(n, 1, dtype=torch.long),
-        rewards=torch.tensor(advantages),
-        advantages=torch.tensor(advantages),
-        policy_version=torch.zeros(n, dtype=torch.long),
-        replayed=torch.zeros(n, dtype=torch.bool),
-        truncated=torch.zeros(n, dtype=torch.bool),
-    )
+def _group(advantages: list[float], tag: int):
+    """test_buffer's group of len(advantages) rows, with these advantages (and rewards)."""
+    values = torch.tensor(advantages)
+    return group(tag, G=len(advantages)).with_(rewards=values, advantages=values)
 
 
 def test_sample_rollouts_draws_distinct_prioritised_rows_and_counts_one_reuse_per_group():
@@ -92,33 +83,6 @@ def test_each_zero_std_group_earns_g_buffered_rollouts_on_top_of_the_fresh_batch
     logs = [h for h in trainer.state.log_history if "replay/rollouts_appended" in h]
     assert sum(h["replay/rollouts_appended"] for h in logs) == appended_total
     assert sum(h["replay/groups_replaced"] for h in logs) == appended_total / G
-
-
-def test_resume_with_rollout_replay_continues_exactly(tokenizer, dataset, tmp_path):
-    def run(out, stop_at=None, resume=None):
-        trainer = make(
-            tokenizer, dataset, tmp_path, cls=GRPOWithReplayBufferTrainer, output_dir=str(out), max_steps=6,
-            save_strategy="steps", save_steps=3, beta=0.1, replay_unit="rollout",
-        )  # fmt: skip
-        if stop_at:
-            trainer.add_callback(StopAt(stop_at))
-        trainer.train(resume_from_checkpoint=resume)
-        return trainer
-
-    full = run(tmp_path / "full")
-    run(tmp_path / "part", stop_at=3)
-    resumed = run(tmp_path / "part", resume=str(tmp_path / "part" / "checkpoint-3"))
-    a = [h for h in full.state.log_history if "loss" in h and h["step"] > 3]
-    b = [h for h in resumed.state.log_history if "loss" in h and h["step"] > 3]
-    assert [h["step"] for h in a] == [h["step"] for h in b] == [4, 5, 6]
-    assert sum(h["replay/rollouts_appended"] for h in a) > 0  # the resumed steps did append buffered rollouts
-    for x, y in zip(a, b):
-        for k in x:
-            if "timing" not in k:
-                assert y[k] == pytest.approx(x[k], rel=1e-4, abs=1e-6), (x["step"], k)
-    assert [(g.uid, g.reuse) for g in full.replay_buffer.groups] == [
-        (g.uid, g.reuse) for g in resumed.replay_buffer.groups
-    ]
 
 
 def test_a_bad_unit_or_priority_is_refused(tmp_path):
